@@ -1,0 +1,1 @@
+//! api-server: see README.md for the process picture.

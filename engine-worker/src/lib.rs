@@ -1,0 +1,12 @@
+//! engine-worker: owns the model and the accelerator. Continuous batching over a paged KV cache,
+//! a proposer (n-gram first) and a verifier; each step's outcome goes to the token-processor.
+//!
+//! Layout: `model` loads weights and hyper-parameters (GGUF, safetensors, dummy); `backend`
+//! runs the forward pass (CPU here, CUDA behind the `cuda` feature) behind one trait; the rest
+//! (KV-block bookkeeping, scheduler, proposer, verifier, step driver, I/O) is backend-agnostic.
+
+pub mod backend;
+mod error;
+pub mod model;
+
+pub use error::EngineError;

@@ -1,0 +1,64 @@
+//! token-processor ⇄ api-server. Each api-server connects (DEALER) to the token-processor's
+//! ROUTER endpoint and says [`ApiToTp::Hello`]; it then receives the outputs of its own
+//! requests only.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api_worker::ApiHello;
+use crate::{FinishReason, RequestId, SpeculateMetrics};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ApiToTp {
+    Hello(ApiHello),
+    Heartbeat { api_server_id: String, epoch: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TpHello {
+    pub protocol_version: u32,
+    /// Changes on every token-processor start.
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// What failed, for requests that end with [`FinishReason::Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputErrorKind {
+    /// The worker died, restarted (new epoch) or missed its heartbeats.
+    WorkerLost,
+    /// A step batch of the request's worker was lost; its figures would be wrong.
+    StepGap,
+    /// The worker refused or failed the request.
+    Engine,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputError {
+    pub kind: OutputErrorKind,
+    pub message: String,
+}
+
+/// New tokens of one request; the last output of a request carries `finish`, `usage` and
+/// (when speculation is on) `speculate_metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestOutput {
+    pub id: RequestId,
+    /// Index in the request's output of `tokens[0]`; lets the api-server drop duplicates.
+    pub first_index: u32,
+    pub tokens: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    pub usage: Option<Usage>,
+    pub speculate_metrics: Option<SpeculateMetrics>,
+    pub error: Option<OutputError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TpToApi {
+    Hello(TpHello),
+    Outputs(Vec<RequestOutput>),
+}

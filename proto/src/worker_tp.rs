@@ -1,0 +1,207 @@
+//! engine-worker → token-processor (ZeroMQ PUSH → PULL). A worker says [`WorkerHello`] on every
+//! (re)connect, then a [`Resync`] of its in-flight requests, then numbered [`StepBatch`]es and
+//! periodic [`Heartbeat`]s.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FinishReason, ProtoError, RequestId};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerHello {
+    pub protocol_version: u32,
+    pub worker_id: String,
+    /// Changes on every process start; a new epoch means the old one's requests are gone.
+    pub epoch: u64,
+    pub model: String,
+    /// K: the most draft tokens a step may propose.
+    pub num_spec_tokens: u32,
+    pub proposer: String,
+    /// True once the model is loaded and the worker takes requests.
+    pub ready: bool,
+    /// Peers declare the worker dead after a few missed intervals.
+    pub heartbeat_interval_ms: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub worker_id: String,
+    pub epoch: u64,
+    /// Sequence number the next step batch will carry (so a lost last batch shows as a gap).
+    pub next_seq: u64,
+    pub running: u32,
+    pub waiting: u32,
+    /// False while draining for shutdown.
+    pub accepting: bool,
+}
+
+/// Row flag: this row is the request's prefill (not a verification step).
+pub const FLAG_PREFILL: u8 = 1;
+/// Row flag: the request was preempted (recompute) in this step; the row has no tokens.
+pub const FLAG_PREEMPTED: u8 = 2;
+
+/// Facts about a request sent once, with the row where it first appears.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestStart {
+    pub row: u32,
+    pub owner: String,
+    pub prompt_tokens: u32,
+    pub arrival_unix_ms: u64,
+}
+
+/// One engine step, column-oriented: row `i` is one request's outcome in that step. The flat
+/// layout (one token array plus offsets) decodes far faster than an array of structs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct StepBatch {
+    pub worker_id: String,
+    pub epoch: u64,
+    /// Per (worker, epoch), starting at 0 with no holes.
+    pub seq: u64,
+    pub ids: Vec<RequestId>,
+    /// `ids.len() + 1` entries; row `i`'s tokens are `tokens[token_offsets[i]..token_offsets[i+1]]`.
+    pub token_offsets: Vec<u32>,
+    pub tokens: Vec<u32>,
+    #[serde(with = "serde_bytes")]
+    pub drafted: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub accepted: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub flags: Vec<u8>,
+    /// [`FinishReason::code`], 0 when the request goes on.
+    #[serde(with = "serde_bytes")]
+    pub finish: Vec<u8>,
+    pub starts: Vec<RequestStart>,
+}
+
+/// One validated row of a [`StepBatch`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepRow<'a> {
+    pub id: RequestId,
+    pub tokens: &'a [u32],
+    pub drafted: u8,
+    pub accepted: u8,
+    pub prefill: bool,
+    pub preempted: bool,
+    pub finish: Option<FinishReason>,
+}
+
+impl StepBatch {
+    pub fn new(worker_id: String, epoch: u64, seq: u64) -> Self {
+        Self { worker_id, epoch, seq, token_offsets: vec![0], ..Self::default() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Appends a row. `accepted <= drafted <= K` is the caller's contract, checked on receipt.
+    pub fn push(&mut self, row: StepRow<'_>) {
+        self.ids.push(row.id);
+        self.tokens.extend_from_slice(row.tokens);
+        self.token_offsets.push(self.tokens.len() as u32);
+        self.drafted.push(row.drafted);
+        self.accepted.push(row.accepted);
+        let mut flags = 0;
+        if row.prefill {
+            flags |= FLAG_PREFILL;
+        }
+        if row.preempted {
+            flags |= FLAG_PREEMPTED;
+        }
+        self.flags.push(flags);
+        self.finish.push(row.finish.map_or(0, FinishReason::code));
+    }
+
+    /// Checks the columns against each other and against `num_spec_tokens` (K) so that
+    /// [`rows`](Self::rows) cannot fail or index out of bounds.
+    pub fn validate(&self, num_spec_tokens: u32) -> Result<(), ProtoError> {
+        let n = self.ids.len();
+        if self.token_offsets.len() != n + 1
+            || self.drafted.len() != n
+            || self.accepted.len() != n
+            || self.flags.len() != n
+            || self.finish.len() != n
+        {
+            return Err(ProtoError::InvalidBatch("column lengths differ"));
+        }
+        if self.token_offsets[0] != 0 || self.token_offsets[n] as usize != self.tokens.len() {
+            return Err(ProtoError::InvalidBatch("token offsets do not span the tokens"));
+        }
+        if self.token_offsets.windows(2).any(|w| w[0] > w[1]) {
+            return Err(ProtoError::InvalidBatch("token offsets decrease"));
+        }
+        for i in 0..n {
+            let (d, a) = (self.drafted[i], self.accepted[i]);
+            if a > d || u32::from(d) > num_spec_tokens {
+                return Err(ProtoError::InvalidBatch("accepted > drafted or drafted > K"));
+            }
+            if self.flags[i] & !(FLAG_PREFILL | FLAG_PREEMPTED) != 0 {
+                return Err(ProtoError::InvalidBatch("unknown row flag"));
+            }
+            if FinishReason::from_code(self.finish[i]).is_none() {
+                return Err(ProtoError::InvalidBatch("unknown finish code"));
+            }
+        }
+        if self.starts.iter().any(|s| s.row as usize >= n) {
+            return Err(ProtoError::InvalidBatch("request start points past the rows"));
+        }
+        Ok(())
+    }
+
+    /// Rows of a batch that passed [`validate`](Self::validate).
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = StepRow<'_>> + '_ {
+        (0..self.ids.len()).map(move |i| {
+            let (lo, hi) = (self.token_offsets[i] as usize, self.token_offsets[i + 1] as usize);
+            StepRow {
+                id: self.ids[i],
+                tokens: &self.tokens[lo..hi],
+                drafted: self.drafted[i],
+                accepted: self.accepted[i],
+                prefill: self.flags[i] & FLAG_PREFILL != 0,
+                preempted: self.flags[i] & FLAG_PREEMPTED != 0,
+                finish: FinishReason::from_code(self.finish[i]).flatten(),
+            }
+        })
+    }
+}
+
+/// One in-flight request as its worker knows it, for a token-processor that (re)connected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResyncRequest {
+    pub id: RequestId,
+    pub owner: String,
+    pub prompt_tokens: u32,
+    pub arrival_unix_ms: u64,
+    /// Whether the prefill step already ran.
+    pub prefilled: bool,
+    /// Output tokens so far.
+    pub tokens: Vec<u32>,
+    /// `(drafted, accepted)` of every verification step so far, in order.
+    #[serde(with = "serde_bytes")]
+    pub drafted: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub accepted: Vec<u8>,
+}
+
+/// Sent right after [`WorkerHello`] on every (re)connect: the worker's in-flight requests as of
+/// just before step batch `next_seq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resync {
+    pub worker_id: String,
+    pub epoch: u64,
+    pub next_seq: u64,
+    pub requests: Vec<ResyncRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerToTp {
+    Hello(WorkerHello),
+    Step(StepBatch),
+    Heartbeat(Heartbeat),
+    Resync(Resync),
+    /// Clean shutdown: the worker's requests are all finished and it sends nothing more.
+    Goodbye { worker_id: String, epoch: u64 },
+}

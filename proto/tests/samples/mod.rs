@@ -1,0 +1,216 @@
+//! One representative value of every message kind, shared by the wire tests.
+
+use proto::api_worker::*;
+use proto::tp_api::*;
+use proto::worker_tp::*;
+use proto::{FinishReason, SpeculateMetrics, PROTOCOL_VERSION};
+
+pub fn worker_hello() -> WorkerHello {
+    WorkerHello {
+        protocol_version: PROTOCOL_VERSION,
+        worker_id: "worker-0".into(),
+        epoch: 1_764_460_000_123,
+        model: "SmolLM2-135M-Instruct".into(),
+        num_spec_tokens: 4,
+        proposer: "ngram".into(),
+        ready: true,
+        heartbeat_interval_ms: 500,
+    }
+}
+
+pub fn api_hello() -> ApiHello {
+    ApiHello { protocol_version: PROTOCOL_VERSION, api_server_id: "api-a".into(), epoch: 77 }
+}
+
+pub fn heartbeat() -> Heartbeat {
+    Heartbeat {
+        worker_id: "worker-0".into(),
+        epoch: 1_764_460_000_123,
+        next_seq: 42,
+        running: 3,
+        waiting: 1,
+        accepting: true,
+    }
+}
+
+pub fn step_batch() -> StepBatch {
+    let mut b = StepBatch::new("worker-0".into(), 1_764_460_000_123, 41);
+    b.push(StepRow {
+        id: 7,
+        tokens: &[504],
+        drafted: 0,
+        accepted: 0,
+        prefill: true,
+        preempted: false,
+        finish: None,
+    });
+    b.starts.push(RequestStart {
+        row: 0,
+        owner: "api-a".into(),
+        prompt_tokens: 12,
+        arrival_unix_ms: 1_764_460_000_000,
+    });
+    b.push(StepRow {
+        id: 9,
+        tokens: &[3575, 282, 4649],
+        drafted: 4,
+        accepted: 2,
+        prefill: false,
+        preempted: false,
+        finish: None,
+    });
+    b.push(StepRow {
+        id: 11,
+        tokens: &[],
+        drafted: 0,
+        accepted: 0,
+        prefill: false,
+        preempted: true,
+        finish: None,
+    });
+    b.push(StepRow {
+        id: 12,
+        tokens: &[2],
+        drafted: 3,
+        accepted: 0,
+        prefill: false,
+        preempted: false,
+        finish: Some(FinishReason::Stop),
+    });
+    b
+}
+
+pub fn resync() -> Resync {
+    Resync {
+        worker_id: "worker-0".into(),
+        epoch: 1_764_460_000_123,
+        next_seq: 42,
+        requests: vec![ResyncRequest {
+            id: 9,
+            owner: "api-a".into(),
+            prompt_tokens: 30,
+            arrival_unix_ms: 1_764_460_000_001,
+            prefilled: true,
+            tokens: vec![1, 2, 3, 4, 5, 6],
+            drafted: vec![4, 0],
+            accepted: vec![3, 0],
+        }],
+    }
+}
+
+pub fn add_request() -> AddRequest {
+    AddRequest {
+        id: (0xABCDEF << 40) | 5,
+        prompt_token_ids: vec![1, 9690, 198],
+        sampling: SamplingParams { temperature: 0.7, top_p: 0.9, top_k: 40, seed: Some(1234) },
+        stop: StopConditions {
+            stop_token_ids: vec![2],
+            ignore_eos: false,
+            stop_strings: vec!["\n\n".into()],
+        },
+        max_tokens: 64,
+        arrival_unix_ms: 1_764_460_000_000,
+        owner: "api-a".into(),
+    }
+}
+
+pub fn speculate_metrics() -> SpeculateMetrics {
+    SpeculateMetrics {
+        accepted_tokens: 17,
+        rejected_tokens: 9,
+        accept_ratio: 9.0 / 17.0,
+        average_accept_length: 2.125,
+        accept_ratio_per_head: vec![2.0 / 3.0, 0.75, 0.5, 1.0],
+        accepted_tokens_per_head: vec![8, 4, 3, 1, 1],
+        num_steps: 8,
+        num_drafts: 6,
+        num_draft_tokens: 18,
+        num_accepted_draft_tokens: 9,
+        draft_acceptance_rate: 0.5,
+        accept_length_histogram: vec![4, 1, 2, 0, 1],
+    }
+}
+
+pub fn outputs() -> Vec<RequestOutput> {
+    vec![
+        RequestOutput {
+            id: 9,
+            first_index: 3,
+            tokens: vec![3575, 282],
+            finish: None,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+        },
+        RequestOutput {
+            id: 12,
+            first_index: 20,
+            tokens: vec![2],
+            finish: Some(FinishReason::Stop),
+            usage: Some(Usage { prompt_tokens: 12, completion_tokens: 21 }),
+            speculate_metrics: Some(speculate_metrics()),
+            error: None,
+        },
+        RequestOutput {
+            id: 13,
+            first_index: 0,
+            tokens: vec![],
+            finish: Some(FinishReason::Error),
+            usage: Some(Usage { prompt_tokens: 5, completion_tokens: 0 }),
+            speculate_metrics: None,
+            error: Some(OutputError {
+                kind: OutputErrorKind::WorkerLost,
+                message: "worker worker-0 missed its heartbeats".into(),
+            }),
+        },
+    ]
+}
+
+/// Every message kind of every link, with the name of its frozen fixture.
+pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
+    let enc = |v: &dyn erased::Enc| v.enc();
+    vec![
+        ("api_to_worker_hello", enc(&ApiToWorker::Hello(api_hello()))),
+        ("api_to_worker_add", enc(&ApiToWorker::Add(add_request()))),
+        ("api_to_worker_abort", enc(&ApiToWorker::Abort(Abort { id: 5 }))),
+        (
+            "api_to_worker_heartbeat",
+            enc(&ApiToWorker::Heartbeat { api_server_id: "api-a".into(), epoch: 77 }),
+        ),
+        ("worker_to_api_hello", enc(&WorkerToApi::Hello(worker_hello()))),
+        ("worker_to_api_heartbeat", enc(&WorkerToApi::Heartbeat(heartbeat()))),
+        (
+            "worker_to_api_rejected",
+            enc(&WorkerToApi::Rejected { id: 5, reason: RejectReason::Invalid("too long".into()) }),
+        ),
+        ("worker_to_tp_hello", enc(&WorkerToTp::Hello(worker_hello()))),
+        ("worker_to_tp_step", enc(&WorkerToTp::Step(step_batch()))),
+        ("worker_to_tp_heartbeat", enc(&WorkerToTp::Heartbeat(heartbeat()))),
+        ("worker_to_tp_resync", enc(&WorkerToTp::Resync(resync()))),
+        (
+            "worker_to_tp_goodbye",
+            enc(&WorkerToTp::Goodbye { worker_id: "worker-0".into(), epoch: 3 }),
+        ),
+        ("api_to_tp_hello", enc(&ApiToTp::Hello(api_hello()))),
+        (
+            "api_to_tp_heartbeat",
+            enc(&ApiToTp::Heartbeat { api_server_id: "api-a".into(), epoch: 77 }),
+        ),
+        (
+            "tp_to_api_hello",
+            enc(&TpToApi::Hello(TpHello { protocol_version: PROTOCOL_VERSION, epoch: 5 })),
+        ),
+        ("tp_to_api_outputs", enc(&TpToApi::Outputs(outputs()))),
+    ]
+}
+
+mod erased {
+    pub trait Enc {
+        fn enc(&self) -> Vec<u8>;
+    }
+    impl<T: serde::Serialize> Enc for T {
+        fn enc(&self) -> Vec<u8> {
+            proto::encode(self).unwrap()
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Helpers shared by the cross-process tests: locate the workspace's binaries, pick free
+//! loopback ports, wait on conditions (never on fixed sleeps).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary built next to this test executable (`target/<profile>/<name>`).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not built; run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `cond` until it holds or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The shared golden/spec folder beside the checkout.
+pub fn shared_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}
+
+/// The default model, fetched by scripts/fetch-model.sh.
+pub fn default_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}

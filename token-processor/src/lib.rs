@@ -1,0 +1,1 @@
+//! token-processor: see README.md for the process picture.
