@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod openai;
+pub mod stack;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

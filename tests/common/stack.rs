@@ -1,0 +1,198 @@
+//! A whole specula stack (token-processor, engine-worker, api-server) of real binaries on
+//! private ipc endpoints and free loopback ports, for cross-process tests.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{binary, default_model, free_port, wait_until};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proc {
+    TokenProcessor,
+    EngineWorker,
+    ApiServer,
+}
+
+impl Proc {
+    pub const ALL: [Proc; 3] = [Proc::TokenProcessor, Proc::EngineWorker, Proc::ApiServer];
+
+    fn binary_name(self) -> &'static str {
+        match self {
+            Proc::TokenProcessor => "token-processor",
+            Proc::EngineWorker => "engine-worker",
+            Proc::ApiServer => "api-server",
+        }
+    }
+}
+
+pub struct StackConfig {
+    pub num_spec_tokens: u32,
+    /// Extra arguments per process.
+    pub worker_args: Vec<String>,
+    pub api_args: Vec<String>,
+    pub tp_args: Vec<String>,
+}
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        Self { num_spec_tokens: 4, worker_args: vec![], api_args: vec![], tp_args: vec![] }
+    }
+}
+
+pub struct Stack {
+    pub dir: PathBuf,
+    pub api_port: u16,
+    pub metrics_port: u16,
+    config: StackConfig,
+    children: [Option<Child>; 3],
+    http: reqwest::Client,
+}
+
+impl Stack {
+    /// Starts all three processes and waits until both HTTP servers report healthy.
+    pub async fn start(config: StackConfig) -> Stack {
+        let dir = std::env::temp_dir()
+            .join(format!("specula-stack-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut stack = Stack {
+            dir,
+            api_port: free_port(),
+            metrics_port: free_port(),
+            config,
+            children: [None, None, None],
+            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+        };
+        for p in Proc::ALL {
+            stack.spawn(p);
+        }
+        stack.wait_healthy(Duration::from_secs(120)).await;
+        stack
+    }
+
+    fn endpoint(&self, name: &str) -> String {
+        format!("ipc://{}/{name}.sock", self.dir.display())
+    }
+
+    fn index(p: Proc) -> usize {
+        Proc::ALL.iter().position(|q| *q == p).unwrap()
+    }
+
+    /// (Re)starts one process with the stack's settings.
+    pub fn spawn(&mut self, p: Proc) {
+        let mut cmd = Command::new(binary(p.binary_name()));
+        cmd.env_remove("NOTIFY_SOCKET").env("RUST_LOG", "info").stdin(Stdio::null());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", p.binary_name())))
+            .unwrap();
+        cmd.stdout(log.try_clone().unwrap()).stderr(log);
+        let model = default_model().display().to_string();
+        match p {
+            Proc::TokenProcessor => {
+                cmd.args(["--ingest-endpoint", &self.endpoint("tp-ingest")])
+                    .args(["--api-endpoint", &self.endpoint("tp-api")])
+                    .args(["--metrics-port", &self.metrics_port.to_string()])
+                    .args(&self.config.tp_args);
+            }
+            Proc::EngineWorker => {
+                cmd.args(["--model", &model])
+                    .args(["--api-endpoint", &self.endpoint("worker-0")])
+                    .args(["--tp-endpoint", &self.endpoint("tp-ingest")])
+                    .args(["--num-spec-tokens", &self.config.num_spec_tokens.to_string()])
+                    .args(&self.config.worker_args);
+            }
+            Proc::ApiServer => {
+                cmd.args(["--model", &model])
+                    .args(["--port", &self.api_port.to_string()])
+                    .args(["--worker-endpoints", &self.endpoint("worker-0")])
+                    .args(["--tp-endpoint", &self.endpoint("tp-api")])
+                    .args(&self.config.api_args);
+            }
+        }
+        self.children[Self::index(p)] = Some(cmd.spawn().unwrap());
+    }
+
+    pub fn pid(&self, p: Proc) -> u32 {
+        self.children[Self::index(p)].as_ref().expect("process not running").id()
+    }
+
+    /// Sends a signal (e.g. "KILL", "TERM", "STOP", "CONT") to one process.
+    pub fn signal(&self, p: Proc, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid(p).to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} {p:?} failed");
+    }
+
+    /// Waits for a process to exit and returns its exit code (None when killed by a signal).
+    pub async fn wait_exit(&mut self, p: Proc, timeout: Duration) -> Option<i32> {
+        let child = self.children[Self::index(p)].as_mut().expect("process not running");
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.children[Self::index(p)] = None;
+                return status.code();
+            }
+            assert!(std::time::Instant::now() < deadline, "{p:?} did not exit within {timeout:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.api_port)
+    }
+
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.metrics_port)
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub async fn status(&self, url: &str) -> Option<u16> {
+        self.http.get(url).send().await.ok().map(|r| r.status().as_u16())
+    }
+
+    pub async fn wait_healthy(&self, timeout: Duration) {
+        let api = self.api("/health");
+        let tp = format!("http://127.0.0.1:{}/health", self.metrics_port);
+        wait_until(timeout, "api-server and token-processor /health", || async {
+            self.status(&api).await == Some(200) && self.status(&tp).await == Some(200)
+        })
+        .await;
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        self.http.get(self.metrics_url()).send().await.unwrap().text().await.unwrap()
+    }
+
+    /// One process's log so far, for assertion messages.
+    pub fn log(&self, p: Proc) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.log", p.binary_name())))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sum of a Prometheus counter's samples (all label sets) in an exposition text.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
