@@ -1,1 +1,23 @@
-//! token-processor: see README.md for the process picture.
+//! token-processor: specula's sidecar. It pulls step batches from engine-workers, tracks
+//! speculative-decoding acceptance per request and per draft position
+//! (`shared/spec/acceptance-metrics.md`), exports the sums on `/metrics`, and forwards each
+//! request's tokens and final figures to the api-server that owns it.
+//!
+//! - [`tracker`]: per-request state and the spec's figures (pure).
+//! - [`ingest`]: the worker-facing state machine (epochs, sequence gaps, resync, heartbeats) and
+//!   its PULL-socket loop.
+//! - [`forward`]: the api-server-facing ROUTER.
+//! - [`metrics`], [`http`]: Prometheus and `/health`.
+//! - [`replay`]: acceptance traces through the same state machine, for `token-processor replay`.
+//! - [`synth`]: synthetic step batches for the benchmarks.
+
+pub mod error;
+pub mod forward;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod replay;
+pub mod synth;
+pub mod tracker;
+
+pub use error::TpError;

@@ -1,1 +1,224 @@
-fn main() {}
+//! token-processor: specula's acceptance-tracking sidecar (see the crate docs), and
+//! `token-processor replay FILE` for acceptance traces.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::sync::{mpsc, watch};
+use zeromq::{PullSocket, RouterSocket, Socket};
+
+use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth};
+use token_processor::replay::{self, Batching, Trace};
+use token_processor::{forward, http, metrics};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "specula token-processor: per-request acceptance tracking, /metrics, output forwarding"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replays an acceptance trace (a golden case file or the engine-worker's JSON Lines) and
+    /// prints {"requests": {...}, "global": {...}}.
+    Replay {
+        /// The trace file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// ZeroMQ endpoint the PULL socket binds for engine-workers' step batches.
+    #[arg(
+        long,
+        env = "SPECULA_INGEST_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5556"
+    )]
+    ingest_endpoint: String,
+    /// ZeroMQ endpoint the ROUTER socket binds for api-servers.
+    #[arg(
+        long,
+        env = "SPECULA_TP_API_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5557"
+    )]
+    api_endpoint: String,
+    /// Address `/metrics` and `/health` listen on.
+    #[arg(long, env = "SPECULA_METRICS_HOST", default_value = "127.0.0.1")]
+    metrics_host: std::net::IpAddr,
+    /// Port `/metrics` and `/health` listen on.
+    #[arg(long, env = "SPECULA_METRICS_PORT", default_value_t = 9400)]
+    metrics_port: u16,
+    /// In-flight requests tracked per worker; requests beyond it fail explicitly.
+    #[arg(long, env = "SPECULA_TP_MAX_REQUESTS", default_value_t = 65_536)]
+    max_requests: usize,
+    /// Workers tracked at once; hellos beyond it are refused.
+    #[arg(long, env = "SPECULA_TP_MAX_WORKERS", default_value_t = 256)]
+    max_workers: usize,
+    /// Largest K expected: the accepted-drafts-per-step histogram gets buckets 0..=this.
+    #[arg(long, env = "SPECULA_TP_MAX_SPEC_TOKENS", default_value_t = 8)]
+    max_spec_tokens: u32,
+    /// Interval of the hello/heartbeat sent to each api-server; api-servers silent for 3 of
+    /// them are forgotten.
+    #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    heartbeat_interval_ms: u64,
+    /// Batches of outputs queued for the forwarder before new ones are dropped (counted).
+    #[arg(long, env = "SPECULA_TP_FORWARD_QUEUE", default_value_t = 256)]
+    forward_queue: usize,
+    /// Longest wait, on SIGTERM, for queued outputs to be sent.
+    #[arg(long, env = "SPECULA_TP_SHUTDOWN_TIMEOUT_MS", default_value_t = 5_000)]
+    shutdown_timeout_ms: u64,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "SPECULA_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Replay { file }) => {
+            let trace = Trace::load(&file)?;
+            let result = replay::run(&trace, Batching::Packed);
+            println!("{}", serde_json::to_string_pretty(&result)?);
+            Ok(())
+        }
+        None => {
+            init_tracing(&cli.serve.log_format);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(serve(cli.serve))
+        }
+    }
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let origin = Instant::now();
+    let tp_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let prometheus =
+        metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
+
+    let mut pull = PullSocket::new();
+    pull.bind(&args.ingest_endpoint)
+        .await
+        .with_context(|| format!("binding ingest on {}", args.ingest_endpoint))?;
+    let mut router = RouterSocket::new();
+    router
+        .bind(&args.api_endpoint)
+        .await
+        .with_context(|| format!("binding api endpoint on {}", args.api_endpoint))?;
+    let addr = SocketAddr::new(args.metrics_host, args.metrics_port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding HTTP on {addr}"))?;
+
+    let health = Arc::new(IngestHealth::new(origin));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
+    let interval = Duration::from_millis(args.heartbeat_interval_ms.max(1));
+    let forwarder = tokio::spawn(forward::run(router, forward_rx, interval, tp_epoch));
+
+    let mut watchdog_usec = 0;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
+    let config = IngestConfig {
+        max_requests_per_worker: args.max_requests,
+        max_workers: args.max_workers,
+        ..IngestConfig::default()
+    };
+    let ingest_task = tokio::spawn(ingest::run(
+        pull,
+        Ingest::new(config),
+        forward_tx,
+        health.clone(),
+        shutdown_rx.clone(),
+        watchdog,
+    ));
+
+    let upkeep_handle = prometheus.clone();
+    let upkeep = tokio::spawn(async move {
+        // Histograms buffer raw samples until upkeep folds them in: bound that buffer.
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            upkeep_handle.run_upkeep();
+        }
+    });
+
+    let mut http_shutdown = shutdown_rx.clone();
+    let app = http::router(prometheus, health);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|stop| *stop).await;
+            })
+            .await
+    });
+
+    tracing::info!(ingest = %args.ingest_endpoint, api = %args.api_endpoint, http = %addr, "token-processor ready");
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: stopping ingest, flushing outputs");
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    let _ = shutdown_tx.send(true);
+    let bound = Duration::from_millis(args.shutdown_timeout_ms);
+    let drained = tokio::time::timeout(bound, async {
+        let ingest = ingest_task.await;
+        let _ = forwarder.await;
+        ingest
+    })
+    .await;
+    match drained {
+        Ok(Ok(ingest)) => {
+            tracing::info!(in_flight = ingest.in_flight(), "outputs flushed; exiting")
+        }
+        Ok(Err(e)) => tracing::error!(error = %e, "ingest task failed"),
+        Err(_) => tracing::warn!(
+            timeout_ms = args.shutdown_timeout_ms,
+            "shutdown bound reached; exiting"
+        ),
+    }
+    upkeep.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the process");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,103 @@
+//! The tracker's cost per step batch, in process: `Ingest::handle` on a decoded batch, and
+//! decode + handle on the wire frame (what the live ingest does per frame). Synthetic batches
+//! with 64/256/512 rows and K = 4 and 8 (`token_processor::synth`).
+
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use proto::worker_tp::{Resync, WorkerHello, WorkerToTp};
+use token_processor::ingest::{Ingest, IngestConfig};
+use token_processor::synth::{Synth, SynthConfig};
+use token_processor::tracker::{Clock, Outbox};
+
+fn setup(rows: usize, k: u8) -> (Ingest, Synth) {
+    let worker_id = format!("bench-{rows}-{k}");
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let mut out = Outbox::default();
+    let now = Clock {
+        mono_ns: 0,
+        unix_ms: 0,
+    };
+    let hello = WorkerHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: worker_id.clone(),
+        epoch: 1,
+        model: "bench".into(),
+        num_spec_tokens: u32::from(k),
+        proposer: "synthetic".into(),
+        ready: true,
+        heartbeat_interval_ms: 0,
+    };
+    ingest.handle(WorkerToTp::Hello(hello), now, Instant::now(), &mut out);
+    let resync = Resync {
+        worker_id: worker_id.clone(),
+        epoch: 1,
+        next_seq: 0,
+        requests: vec![],
+    };
+    ingest.handle(WorkerToTp::Resync(resync), now, Instant::now(), &mut out);
+    let synth = Synth::new(SynthConfig {
+        worker_id,
+        epoch: 1,
+        rows,
+        num_spec_tokens: k,
+        min_len: 16,
+        max_len: 512,
+        accept_p: 0.7,
+        owner: "bench-api".into(),
+        seed: 42,
+    });
+    (ingest, synth)
+}
+
+fn bench_tracker(c: &mut Criterion) {
+    let mut group = c.benchmark_group("step_batch");
+    for k in [4u8, 8] {
+        for rows in [64usize, 256, 512] {
+            group.throughput(Throughput::Elements(rows as u64));
+            let (mut ingest, mut synth) = setup(rows, k);
+            let mut tick = 0u64;
+            group.bench_function(BenchmarkId::new(format!("handle/k{k}"), rows), |b| {
+                b.iter_batched(
+                    || WorkerToTp::Step(synth.next_batch()),
+                    |msg| {
+                        tick += 1;
+                        let mut out = Outbox::default();
+                        let now = Clock {
+                            mono_ns: tick * 1_000_000,
+                            unix_ms: tick,
+                        };
+                        ingest.handle(msg, now, Instant::now(), &mut out);
+                        out
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+            let (mut ingest, mut synth) = setup(rows, k);
+            group.bench_function(
+                BenchmarkId::new(format!("decode_and_handle/k{k}"), rows),
+                |b| {
+                    b.iter_batched(
+                        || proto::encode(&WorkerToTp::Step(synth.next_batch())).unwrap(),
+                        |frame| {
+                            tick += 1;
+                            let mut out = Outbox::default();
+                            let now = Clock {
+                                mono_ns: tick * 1_000_000,
+                                unix_ms: tick,
+                            };
+                            let msg: WorkerToTp = proto::decode(&frame).unwrap();
+                            ingest.handle(msg, now, Instant::now(), &mut out);
+                            out
+                        },
+                        BatchSize::SmallInput,
+                    )
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_tracker);
+criterion_main!(benches);

@@ -1,0 +1,418 @@
+//! tp-bench: starts a real `token-processor` (the binary next to this one) on ipc endpoints,
+//! pushes synthetic step batches to it as a fake engine-worker while a fake api-server drains
+//! the outputs, and reports sustained batches/s, request-steps/s and per-batch processing time
+//! (the TP's own histogram, plus an exact in-process decode+handle timing of the same frames).
+//! Then pushes short requests until 1M have finished and samples the TP's RSS.
+//! `--dump-dir` writes each configuration's batches as JSON Lines for
+//! `scripts/bench/fd_reference.py`, so both sides process the same batches.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use proto::api_worker::ApiHello;
+use proto::tp_api::ApiToTp;
+use proto::worker_tp::{Resync, WorkerHello, WorkerToTp};
+use token_processor::ingest::{Ingest, IngestConfig};
+use token_processor::synth::{Synth, SynthConfig};
+use token_processor::tracker::{Clock, Outbox};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zeromq::{DealerSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+#[derive(Debug, Parser)]
+#[command(about = "Throughput/latency/RSS benchmark of a running token-processor over ipc")]
+struct Args {
+    /// The token-processor binary (default: next to this one).
+    #[arg(long, env = "TP_BENCH_TP")]
+    tp: Option<PathBuf>,
+    /// Rows per batch to measure.
+    #[arg(
+        long,
+        env = "TP_BENCH_ROWS",
+        value_delimiter = ',',
+        default_value = "64,256,512"
+    )]
+    rows: Vec<usize>,
+    /// K values to measure.
+    #[arg(long, env = "TP_BENCH_K", value_delimiter = ',', default_value = "4,8")]
+    k: Vec<u8>,
+    /// Request-steps (rows) pushed per configuration.
+    #[arg(long, env = "TP_BENCH_ROW_BUDGET", default_value_t = 2_000_000)]
+    row_budget: usize,
+    /// Finished requests for the RSS run (0 skips it).
+    #[arg(long, env = "TP_BENCH_RSS_REQUESTS", default_value_t = 1_000_000)]
+    rss_requests: u64,
+    /// Write each configuration's first `dump_batches` batches as JSON Lines here.
+    #[arg(long, env = "TP_BENCH_DUMP_DIR")]
+    dump_dir: Option<PathBuf>,
+    #[arg(long, env = "TP_BENCH_DUMP_BATCHES", default_value_t = 2_000)]
+    dump_batches: usize,
+    #[arg(long, env = "TP_BENCH_SEED", default_value_t = 42)]
+    seed: u64,
+    /// Run without the fake api-server (outputs are dropped at the forwarder as "owner not
+    /// connected"), to separate forwarding from tracking.
+    #[arg(long, env = "TP_BENCH_NO_API_SERVER")]
+    no_api_server: bool,
+}
+
+struct Tp {
+    child: Child,
+    http_port: u16,
+}
+
+impl Drop for Tp {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
+}
+
+/// Sum of a series family's samples whose line starts with `prefix`.
+fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix).and_then(|r| r.trim().parse().ok()))
+}
+
+/// p-quantile from the TP's cumulative histogram buckets: the first bucket bound reaching it.
+fn histogram_quantile(text: &str, worker: &str, q: f64) -> Option<f64> {
+    let name = "specula_step_batch_processing_seconds_bucket{";
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(&format!("worker=\"{worker}\"")))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| *le)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn hello(worker_id: &str, k: u8) -> WorkerToTp {
+    WorkerToTp::Hello(WorkerHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: worker_id.into(),
+        epoch: 1,
+        model: "bench".into(),
+        num_spec_tokens: u32::from(k),
+        proposer: "synthetic".into(),
+        ready: true,
+        heartbeat_interval_ms: 60_000,
+    })
+}
+
+fn synth(worker_id: &str, rows: usize, k: u8, min_len: u32, max_len: u32, seed: u64) -> Synth {
+    Synth::new(SynthConfig {
+        worker_id: worker_id.into(),
+        epoch: 1,
+        rows,
+        num_spec_tokens: k,
+        min_len,
+        max_len,
+        accept_p: 0.7,
+        owner: "bench-api".into(),
+        seed,
+    })
+}
+
+async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
+    worker.send(ZmqMessage::from(proto::encode(msg)?)).await?;
+    Ok(())
+}
+
+/// Waits until the TP has processed `batches` step batches of `worker`.
+async fn wait_processed(port: u16, worker: &str, batches: usize) -> anyhow::Result<String> {
+    let series = format!(
+        "specula_step_batch_processing_seconds_count{{model=\"bench\",worker=\"{worker}\"}}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let text = http_get(port, "/metrics").await?;
+        if sample(&text, &series).unwrap_or(0.0) as usize >= batches {
+            return Ok(text);
+        }
+        if Instant::now() > deadline {
+            bail!("token-processor did not process {batches} batches of {worker} in time");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let tp_bin = match args.tp.clone() {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("token-processor"),
+    };
+    let dir = std::env::temp_dir().join(format!("tp-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let ingest_ep = format!("ipc://{}/ingest.ipc", dir.display());
+    let api_ep = format!("ipc://{}/api.ipc", dir.display());
+    let http_port = free_port();
+    let child = Command::new(&tp_bin)
+        .args(["--ingest-endpoint", &ingest_ep, "--api-endpoint", &api_ep])
+        .args([
+            "--metrics-port",
+            &http_port.to_string(),
+            "--max-spec-tokens",
+            "8",
+            "--max-workers",
+            "64",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("spawning {}", tp_bin.display()))?;
+    let tp = Tp { child, http_port };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while http_get(tp.http_port, "/metrics").await.is_err() {
+        if Instant::now() > deadline {
+            bail!("token-processor did not come up");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let drained = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if !args.no_api_server {
+        // The fake api-server: says hello, heartbeats, and drains every output.
+        let mut api = DealerSocket::new();
+        api.connect(&api_ep).await?;
+        let api_hello = ApiToTp::Hello(ApiHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            api_server_id: "bench-api".into(),
+            epoch: 1,
+        });
+        api.send(ZmqMessage::from(proto::encode(&api_hello)?))
+            .await?;
+        let drained_in = drained.clone();
+        tokio::spawn(async move {
+            let heartbeat = proto::encode(&ApiToTp::Heartbeat {
+                api_server_id: "bench-api".into(),
+                epoch: 1,
+            })
+            .unwrap();
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    msg = api.recv() => if msg.is_ok() { drained_in.fetch_add(1, std::sync::atomic::Ordering::Relaxed); },
+                    _ = tick.tick() => { let _ = api.send(ZmqMessage::from(heartbeat.clone())).await; }
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut worker = PushSocket::new();
+    worker.connect(&ingest_ep).await?;
+    let tp_pid = tp.child.id();
+    println!(
+        "# token-processor pid {tp_pid}, RSS at start {} KiB",
+        rss_kib(tp_pid)
+    );
+    println!(
+        "| rows | K | batches | batches/s | request-steps/s | TP p50 ≤ | TP p99 ≤ | in-process p50 | in-process p99 | outputs dropped |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut dropped_before = 0.0;
+    for &k in &args.k {
+        for &rows in &args.rows {
+            let worker_id = format!("bench-{rows}-k{k}");
+            let n = (args.row_budget / rows).max(100);
+            let mut gen = synth(&worker_id, rows, k, 16, 512, args.seed);
+            let batches: Vec<_> = (0..n).map(|_| gen.next_batch()).collect();
+            if let Some(dump) = &args.dump_dir {
+                std::fs::create_dir_all(dump)?;
+                let mut f = std::io::BufWriter::new(std::fs::File::create(
+                    dump.join(format!("rows{rows}_k{k}.jsonl")),
+                )?);
+                writeln!(
+                    f,
+                    "{}",
+                    serde_json::json!({"num_spec_tokens": k, "rows": rows})
+                )?;
+                for b in batches.iter().take(args.dump_batches) {
+                    writeln!(f, "{}", Synth::to_json(b))?;
+                }
+            }
+            let frames: Vec<Vec<u8>> = batches
+                .into_iter()
+                .map(|b| proto::encode(&WorkerToTp::Step(b)))
+                .collect::<Result<_, _>>()?;
+
+            // In process: decode + handle of the same frames, timed one by one.
+            let mut ingest = Ingest::new(IngestConfig::default());
+            let mut out = Outbox::default();
+            let origin = Instant::now();
+            let clock = || Clock {
+                mono_ns: origin.elapsed().as_nanos() as u64,
+                unix_ms: 0,
+            };
+            ingest.handle(hello(&worker_id, k), clock(), Instant::now(), &mut out);
+            let mut times = Vec::with_capacity(frames.len());
+            for frame in &frames {
+                let t = Instant::now();
+                let msg: WorkerToTp = proto::decode(frame)?;
+                ingest.handle(msg, clock(), t, &mut out);
+                drop(out.take());
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+
+            // Over ipc to the running token-processor.
+            push(&mut worker, &hello(&worker_id, k)).await?;
+            push(
+                &mut worker,
+                &WorkerToTp::Resync(Resync {
+                    worker_id: worker_id.clone(),
+                    epoch: 1,
+                    next_seq: 0,
+                    requests: vec![],
+                }),
+            )
+            .await?;
+            let start = Instant::now();
+            for frame in &frames {
+                worker.send(ZmqMessage::from(frame.clone())).await?;
+            }
+            wait_processed(tp.http_port, &worker_id, n).await?;
+            let elapsed = start.elapsed().as_secs_f64();
+            // Let the forwarder finish, so its drops are this configuration's.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let text = http_get(tp.http_port, "/metrics").await?;
+            let dropped = sample(&text, "specula_outputs_dropped_total").unwrap_or(0.0);
+            push(
+                &mut worker,
+                &WorkerToTp::Goodbye {
+                    worker_id: worker_id.clone(),
+                    epoch: 1,
+                },
+            )
+            .await?;
+            let q = |p| {
+                histogram_quantile(&text, &worker_id, p)
+                    .map_or("?".into(), |s| format!("{:.0} µs", s * 1e6))
+            };
+            println!(
+                "| {rows} | {k} | {n} | {:.0} | {:.0} | {} | {} | {:.1} µs | {:.1} µs | {:.0} |",
+                n as f64 / elapsed,
+                (n * rows) as f64 / elapsed,
+                q(0.5),
+                q(0.99),
+                percentile(&times, 0.5) * 1e6,
+                percentile(&times, 0.99) * 1e6,
+                dropped - dropped_before,
+            );
+            dropped_before = dropped;
+        }
+    }
+
+    if args.rss_requests > 0 {
+        let worker_id = "bench-rss";
+        let (rows, k) = (512, 8);
+        push(&mut worker, &hello(worker_id, k)).await?;
+        push(
+            &mut worker,
+            &WorkerToTp::Resync(Resync {
+                worker_id: worker_id.into(),
+                epoch: 1,
+                next_seq: 0,
+                requests: vec![],
+            }),
+        )
+        .await?;
+        let mut gen = synth(worker_id, rows, k, 8, 64, args.seed + 1);
+        let mut sent = 0usize;
+        let mut next_sample = args.rss_requests / 10;
+        let mut samples = Vec::new();
+        let start = Instant::now();
+        while gen.finished() < args.rss_requests {
+            let frame = proto::encode(&WorkerToTp::Step(gen.next_batch()))?;
+            worker.send(ZmqMessage::from(frame)).await?;
+            sent += 1;
+            // Paced (at most ~256 batches in flight) so queues stay short and RSS shows the
+            // tracker's state, not a backlog.
+            if sent.is_multiple_of(256) {
+                wait_processed(tp.http_port, worker_id, sent - 256).await?;
+            }
+            if gen.finished() >= next_sample {
+                wait_processed(tp.http_port, worker_id, sent).await?;
+                samples.push((gen.finished(), rss_kib(tp_pid)));
+                next_sample += args.rss_requests / 10;
+            }
+        }
+        wait_processed(tp.http_port, worker_id, sent).await?;
+        samples.push((gen.finished(), rss_kib(tp_pid)));
+        println!();
+        println!(
+            "# RSS over {} finished requests ({sent} batches of {rows} rows, K={k}, {:.1} s):",
+            gen.finished(),
+            start.elapsed().as_secs_f64()
+        );
+        println!("| finished requests | TP RSS (KiB) |");
+        println!("|---:|---:|");
+        for (finished, rss) in samples {
+            println!("| {finished} | {rss} |");
+        }
+    }
+    println!();
+    let text = http_get(tp.http_port, "/metrics").await?;
+    println!(
+        "# output messages drained by the fake api-server: {}; outputs the TP dropped (forward queue full): {}",
+        drained.load(std::sync::atomic::Ordering::Relaxed),
+        sample(&text, "specula_outputs_dropped_total").unwrap_or(0.0)
+    );
+    drop(tp);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! Forwarding: a ZeroMQ ROUTER that api-servers connect to. Each api-server says hello with its
+//! name; the outputs of a request go to the api-server named as its owner, one `Outputs` message
+//! per owner per batch. Outputs for an owner that is not connected are dropped and counted; a
+//! slow api-server costs at most [`SEND_TIMEOUT`] per message and never blocks ingest.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proto::tp_api::{ApiToTp, TpHello, TpToApi};
+use tokio::sync::mpsc;
+use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::ingest::OutputsByOwner;
+use crate::metrics;
+
+/// Longest wait for one api-server's send queue.
+pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Heartbeat intervals an api-server may stay silent before it is forgotten.
+const MISSED_HEARTBEATS: u32 = 3;
+
+/// Api-servers seen recently and how to reach them.
+#[derive(Debug, Default)]
+struct ApiServers {
+    by_name: HashMap<String, ApiPeer>,
+}
+
+#[derive(Debug)]
+struct ApiPeer {
+    routing_id: Bytes,
+    last_heard: Instant,
+}
+
+enum FromApi {
+    Hello { routing_id: Bytes, name: String },
+    Heartbeat { routing_id: Bytes, name: String },
+}
+
+/// Runs until `outputs` is closed and drained.
+pub async fn run(
+    router: RouterSocket,
+    mut outputs: mpsc::Receiver<OutputsByOwner>,
+    interval: Duration,
+    tp_epoch: u64,
+) {
+    let (mut send, mut recv) = router.split();
+    let (from_api_tx, mut from_api) = mpsc::channel::<FromApi>(256);
+    let receiver = tokio::spawn(async move {
+        loop {
+            match recv.recv().await {
+                Ok(msg) => {
+                    let (Some(routing_id), Some(payload)) = (msg.get(0), msg.get(1)) else {
+                        continue;
+                    };
+                    let parsed = match proto::decode::<ApiToTp>(payload) {
+                        Ok(ApiToTp::Hello(hello)) => {
+                            match proto::check_version(&hello.api_server_id, hello.protocol_version)
+                            {
+                                Ok(()) => FromApi::Hello {
+                                    routing_id: routing_id.clone(),
+                                    name: hello.api_server_id,
+                                },
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "refusing api-server hello");
+                                    continue;
+                                }
+                            }
+                        }
+                        Ok(ApiToTp::Heartbeat { api_server_id, .. }) => FromApi::Heartbeat {
+                            routing_id: routing_id.clone(),
+                            name: api_server_id,
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "dropping malformed api-server frame");
+                            continue;
+                        }
+                    };
+                    if from_api_tx.send(parsed).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "api-server receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    });
+
+    let hello = match proto::encode(&TpToApi::Hello(TpHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        epoch: tp_epoch,
+    })) {
+        Ok(bytes) => Bytes::from(bytes),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the token-processor hello");
+            return;
+        }
+    };
+    let mut peers = ApiServers::default();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            batch = outputs.recv() => {
+                let Some(mut batch) = batch else { break };
+                coalesce(&mut batch, &mut outputs);
+                for (owner, list) in batch {
+                    let n = list.len();
+                    let Some(peer) = peers.by_name.get(&*owner) else {
+                        metrics::outputs_dropped(n);
+                        tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
+                        continue;
+                    };
+                    let frame = match proto::encode(&TpToApi::Outputs(list)) {
+                        Ok(frame) => frame,
+                        Err(e) => {
+                            metrics::outputs_dropped(n);
+                            tracing::warn!(owner = %owner, error = %e, "cannot encode outputs");
+                            continue;
+                        }
+                    };
+                    if !send_to(&mut send, &peer.routing_id, Bytes::from(frame)).await {
+                        metrics::outputs_dropped(n);
+                    }
+                }
+            }
+            msg = from_api.recv() => {
+                match msg {
+                    Some(FromApi::Hello { routing_id, name }) => {
+                        tracing::info!(api_server = %name, "api-server said hello");
+                        send_to(&mut send, &routing_id, hello.clone()).await;
+                        peers.by_name.insert(name, ApiPeer { routing_id, last_heard: Instant::now() });
+                        metrics::set_api_servers_connected(peers.by_name.len());
+                    }
+                    Some(FromApi::Heartbeat { routing_id, name }) => {
+                        if let Some(peer) = peers.by_name.get_mut(&name) {
+                            if peer.routing_id == routing_id {
+                                peer.last_heard = Instant::now();
+                            }
+                        }
+                    }
+                    None => {}
+                }
+            }
+            _ = tick.tick() => {
+                let deadline = interval * MISSED_HEARTBEATS;
+                peers.by_name.retain(|name, peer| {
+                    let alive = peer.last_heard.elapsed() <= deadline;
+                    if !alive {
+                        tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
+                    }
+                    alive
+                });
+                metrics::set_api_servers_connected(peers.by_name.len());
+                // The hello doubles as the token-processor's heartbeat.
+                for peer in peers.by_name.values() {
+                    send_to(&mut send, &peer.routing_id, hello.clone()).await;
+                }
+            }
+        }
+    }
+    receiver.abort();
+}
+
+/// Most outputs merged into one message when the forwarder is behind (well under the frame cap).
+const MAX_COALESCED_OUTPUTS: usize = 4_096;
+
+/// When more batches are already queued (the forwarder fell behind), merges them into `batch`,
+/// per owner and in order, so one message per owner carries several steps.
+fn coalesce(batch: &mut OutputsByOwner, queued: &mut mpsc::Receiver<OutputsByOwner>) {
+    let mut total: usize = batch.iter().map(|(_, list)| list.len()).sum();
+    while total < MAX_COALESCED_OUTPUTS {
+        let Ok(more) = queued.try_recv() else { break };
+        for (owner, list) in more {
+            total += list.len();
+            match batch.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, existing)) => existing.extend(list),
+                None => batch.push((owner, list)),
+            }
+        }
+    }
+}
+
+/// Sends one frame to one peer; false when it could not be queued in time.
+async fn send_to(send: &mut zeromq::RouterSendHalf, routing_id: &Bytes, frame: Bytes) -> bool {
+    let mut msg = ZmqMessage::from(frame);
+    msg.push_front(routing_id.clone());
+    match tokio::time::timeout(SEND_TIMEOUT, send.send(msg)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "send to api-server failed");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("api-server send queue full; dropping a message");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use proto::tp_api::RequestOutput;
+
+    use super::*;
+
+    fn out(id: u64, first_index: u32) -> RequestOutput {
+        RequestOutput {
+            id,
+            first_index,
+            tokens: vec![1],
+            finish: None,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn queued_batches_merge_per_owner_in_order() {
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let (tx, mut rx) = mpsc::channel(8);
+        tx.try_send(vec![
+            (a.clone(), vec![out(1, 1)]),
+            (b.clone(), vec![out(2, 0)]),
+        ])
+        .unwrap();
+        tx.try_send(vec![(Arc::from("a"), vec![out(1, 2)])])
+            .unwrap();
+        let mut batch = vec![(a.clone(), vec![out(1, 0)])];
+        coalesce(&mut batch, &mut rx);
+        assert_eq!(batch.len(), 2);
+        let firsts: Vec<u32> = batch[0].1.iter().map(|o| o.first_index).collect();
+        assert_eq!((&*batch[0].0, firsts), ("a", vec![0, 1, 2]));
+        assert_eq!(&*batch[1].0, "b");
+        assert!(rx.try_recv().is_err());
+    }
+}

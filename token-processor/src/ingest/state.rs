@@ -1,0 +1,416 @@
+//! The ingest state machine: which workers are alive, in which epoch, at which sequence number,
+//! and what each message does to their requests. No sockets and no clock of its own (time comes
+//! in as [`Clock`]), so every rule here is unit-tested directly.
+//!
+//! Rules:
+//! - A worker is known from its hello (id, epoch, K). Anything from a worker not yet known is
+//!   dropped and counted until its hello arrives; state is never invented.
+//! - Per (worker, epoch) batches carry `seq` 0, 1, 2, ... A jump is a gap: counted, and every
+//!   request in flight on that worker fails with `StepGap` (its figures would be wrong). A
+//!   heartbeat's `next_seq` beyond ours is a gap too (the last batch was lost).
+//! - A resync is authoritative: the worker's view replaces ours and `next_seq` is taken from it.
+//! - A new epoch, a goodbye, or 3 missed heartbeat intervals fail the old epoch's requests with
+//!   `WorkerLost` and forget the worker. A worker that only stalled (same epoch speaks again
+//!   after its deadline) is re-admitted with an empty table.
+//! - Every batch is validated against the worker's K first; an invalid one is counted, dropped,
+//!   and the requests it names fail.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use proto::tp_api::OutputErrorKind;
+use proto::worker_tp::{Heartbeat, Resync, StepBatch, WorkerHello, WorkerToTp};
+use proto::{RequestId, SpeculateMetrics};
+
+use crate::metrics::{self, WorkerMetrics};
+use crate::tracker::{Clock, Figures, Observations, Outbox, Tracker};
+
+/// K beyond this is refused at hello: figures are O(K) per request and the wire carries `d` as a
+/// byte anyway.
+pub const MAX_SPEC_TOKENS: u32 = 64;
+
+/// Heartbeat interval assumed when a hello says 0.
+const DEFAULT_HEARTBEAT_MS: u64 = 500;
+
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// In-flight requests per worker; beyond it new requests fail explicitly.
+    pub max_requests_per_worker: usize,
+    /// Workers tracked at once; hellos beyond it are refused.
+    pub max_workers: usize,
+    /// Heartbeat intervals a worker may miss before it is declared dead.
+    pub missed_heartbeats: u32,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            max_requests_per_worker: 65_536,
+            max_workers: 256,
+            missed_heartbeats: 3,
+        }
+    }
+}
+
+/// One live worker epoch.
+#[derive(Debug)]
+pub struct WorkerEntry {
+    pub hello: WorkerHello,
+    /// The seq the next batch should carry; None until a batch, heartbeat or resync tells us.
+    pub next_seq: Option<u64>,
+    pub last_heard_ns: u64,
+    pub tracker: Tracker,
+    obs: Observations,
+    metrics: WorkerMetrics,
+}
+
+impl WorkerEntry {
+    fn deadline_ns(&self, missed: u32) -> u64 {
+        let interval_ms = match u64::from(self.hello.heartbeat_interval_ms) {
+            0 => DEFAULT_HEARTBEAT_MS,
+            ms => ms,
+        };
+        self.last_heard_ns + interval_ms * u64::from(missed) * 1_000_000
+    }
+
+    /// Sends the accumulated observations to the metrics and the running totals.
+    fn flush(&mut self, totals: &mut HashMap<String, Figures>) {
+        self.metrics.apply(&self.obs);
+        if !self.obs.figures.is_zero() {
+            match totals.get_mut(&self.hello.worker_id) {
+                Some(total) => total.add(&self.obs.figures),
+                None => {
+                    totals.insert(self.hello.worker_id.clone(), self.obs.figures.clone());
+                }
+            }
+        }
+        self.metrics.running.set(self.tracker.len() as f64);
+        self.obs.clear();
+    }
+
+    fn fail_all(&mut self, kind: OutputErrorKind, message: &str, now: Clock, out: &mut Outbox) {
+        self.tracker
+            .fail_all(kind, message, now, out, &mut self.obs);
+    }
+}
+
+/// Counts of what the ingest dropped or detected (also exported as metrics).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IngestStats {
+    pub gaps: u64,
+    pub invalid_batches: u64,
+    pub stale: u64,
+    pub unknown_worker_batches: u64,
+    pub refused_hellos: u64,
+    pub workers_lost: u64,
+    pub resyncs: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Ingest {
+    config: IngestConfig,
+    workers: HashMap<String, WorkerEntry>,
+    /// Per worker id, the figures of every verification step seen since start (what the spec's
+    /// counters hold). One entry per worker id ever seen, like the Prometheus series.
+    totals: HashMap<String, Figures>,
+    /// Hellos of workers declared dead for missed heartbeats: if the same epoch speaks again
+    /// (it was only stalled, so it will not reconnect and say hello), it is re-admitted.
+    timed_out: HashMap<String, WorkerHello>,
+    stats: IngestStats,
+}
+
+impl Ingest {
+    pub fn new(config: IngestConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    pub fn stats(&self) -> &IngestStats {
+        &self.stats
+    }
+
+    /// Workers currently alive (said hello, not lost).
+    pub fn live_workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn worker(&self, worker_id: &str) -> Option<&WorkerEntry> {
+        self.workers.get(worker_id)
+    }
+
+    /// In-flight requests over all workers.
+    pub fn in_flight(&self) -> usize {
+        self.workers.values().map(|w| w.tracker.len()).sum()
+    }
+
+    /// Figures summed since start for `worker_id` (None before its first verification step).
+    pub fn totals(&self, worker_id: &str) -> Option<&Figures> {
+        self.totals.get(worker_id)
+    }
+
+    /// Figures so far of an in-flight request.
+    pub fn in_flight_metrics(&self, worker_id: &str, id: RequestId) -> Option<SpeculateMetrics> {
+        self.workers.get(worker_id)?.tracker.speculate_metrics(id)
+    }
+
+    /// Applies one message. `received` is when its frame arrived (for the processing-time
+    /// histogram); outputs go to `out`.
+    pub fn handle(&mut self, msg: WorkerToTp, now: Clock, received: Instant, out: &mut Outbox) {
+        match msg {
+            WorkerToTp::Hello(hello) => self.on_hello(hello, now, out),
+            WorkerToTp::Step(batch) => self.on_step(&batch, now, received, out),
+            WorkerToTp::Heartbeat(hb) => self.on_heartbeat(&hb, now, out),
+            WorkerToTp::Resync(resync) => self.on_resync(&resync, now, out),
+            WorkerToTp::Goodbye { worker_id, epoch } => {
+                self.on_goodbye(&worker_id, epoch, now, out)
+            }
+        }
+    }
+
+    /// Declares dead every worker past its heartbeat deadline.
+    pub fn tick(&mut self, now: Clock, out: &mut Outbox) {
+        let missed = self.config.missed_heartbeats;
+        let dead: Vec<String> = self
+            .workers
+            .values()
+            .filter(|w| now.mono_ns > w.deadline_ns(missed))
+            .map(|w| w.hello.worker_id.clone())
+            .collect();
+        for worker_id in dead {
+            tracing::warn!(worker = %worker_id, missed, "worker missed its heartbeats; failing its requests");
+            if self.timed_out.len() < self.config.max_workers {
+                if let Some(entry) = self.workers.get(&worker_id) {
+                    self.timed_out
+                        .insert(worker_id.clone(), entry.hello.clone());
+                }
+            }
+            self.end_worker(
+                &worker_id,
+                "the worker stopped sending heartbeats",
+                now,
+                out,
+            );
+        }
+    }
+
+    fn on_hello(&mut self, hello: WorkerHello, now: Clock, out: &mut Outbox) {
+        if let Err(e) = proto::check_version(&hello.worker_id, hello.protocol_version) {
+            tracing::warn!(worker = %hello.worker_id, error = %e, "refusing worker hello");
+            self.stats.refused_hellos += 1;
+            return;
+        }
+        if hello.num_spec_tokens > MAX_SPEC_TOKENS {
+            tracing::warn!(worker = %hello.worker_id, k = hello.num_spec_tokens, max = MAX_SPEC_TOKENS, "refusing worker hello: K too large");
+            self.stats.refused_hellos += 1;
+            return;
+        }
+        if let Some(entry) = self.workers.get_mut(&hello.worker_id) {
+            if entry.hello.epoch == hello.epoch {
+                // A reconnect of the same process: keep its state (a resync follows).
+                entry.last_heard_ns = now.mono_ns;
+                entry.hello.ready = hello.ready;
+                return;
+            }
+            tracing::warn!(worker = %hello.worker_id, old_epoch = entry.hello.epoch, new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");
+            let worker_id = hello.worker_id.clone();
+            self.end_worker(&worker_id, "the worker restarted (new epoch)", now, out);
+        } else if self.workers.len() >= self.config.max_workers {
+            tracing::warn!(worker = %hello.worker_id, max = self.config.max_workers, "refusing worker hello: too many workers");
+            self.stats.refused_hellos += 1;
+            return;
+        }
+        tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, "worker said hello");
+        self.timed_out.remove(&hello.worker_id);
+        self.admit(hello, now);
+    }
+
+    fn admit(&mut self, hello: WorkerHello, now: Clock) {
+        let k = hello.num_spec_tokens as usize;
+        let entry = WorkerEntry {
+            metrics: WorkerMetrics::new(&hello.model, &hello.worker_id, k),
+            tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker),
+            obs: Observations::new(k),
+            next_seq: None,
+            last_heard_ns: now.mono_ns,
+            hello,
+        };
+        self.workers.insert(entry.hello.worker_id.clone(), entry);
+        metrics::set_workers_connected(self.workers.len());
+    }
+
+    /// Re-admits a worker declared dead for missed heartbeats when its same epoch speaks again.
+    /// Its old requests were already failed; new ones are tracked from here on.
+    fn readmit(&mut self, worker_id: &str, epoch: u64, now: Clock) {
+        if self.workers.contains_key(worker_id)
+            || self
+                .timed_out
+                .get(worker_id)
+                .is_none_or(|h| h.epoch != epoch)
+        {
+            return;
+        }
+        if let Some(hello) = self.timed_out.remove(worker_id) {
+            tracing::info!(worker = %worker_id, epoch, "worker that missed its heartbeats is back; re-admitting it");
+            self.admit(hello, now);
+        }
+    }
+
+    /// The live entry of (worker, epoch), or None (counted as stale) for another epoch.
+    fn current(&mut self, worker_id: &str, epoch: u64) -> Option<&mut WorkerEntry> {
+        let entry = self.workers.get_mut(worker_id)?;
+        if entry.hello.epoch != epoch {
+            self.stats.stale += 1;
+            entry.metrics.stale.increment(1);
+            return None;
+        }
+        Some(entry)
+    }
+
+    fn on_step(&mut self, batch: &StepBatch, now: Clock, received: Instant, out: &mut Outbox) {
+        self.readmit(&batch.worker_id, batch.epoch, now);
+        if !self.workers.contains_key(&batch.worker_id) {
+            self.stats.unknown_worker_batches += 1;
+            metrics::unknown_worker_batch();
+            return;
+        }
+        let Self {
+            workers,
+            totals,
+            stats,
+            ..
+        } = self;
+        let Some(entry) = workers.get_mut(&batch.worker_id) else {
+            return;
+        };
+        if entry.hello.epoch != batch.epoch {
+            stats.stale += 1;
+            entry.metrics.stale.increment(1);
+            return;
+        }
+        entry.last_heard_ns = now.mono_ns;
+        match entry.next_seq {
+            Some(next) if batch.seq < next => {
+                stats.stale += 1;
+                entry.metrics.stale.increment(1);
+                return;
+            }
+            Some(next) if batch.seq > next => {
+                stats.gaps += 1;
+                entry.metrics.gaps.increment(1);
+                tracing::warn!(worker = %batch.worker_id, expected = next, got = batch.seq, in_flight = entry.tracker.len(), "step-batch gap; failing the worker's in-flight requests");
+                let message = format!("step batches {next}..{} of the worker were lost", batch.seq);
+                entry.fail_all(OutputErrorKind::StepGap, &message, now, out);
+            }
+            _ => {}
+        }
+        entry.next_seq = Some(batch.seq + 1);
+        if let Err(e) = batch.validate(entry.hello.num_spec_tokens) {
+            stats.invalid_batches += 1;
+            entry.metrics.invalid_batches.increment(1);
+            tracing::warn!(worker = %batch.worker_id, seq = batch.seq, error = %e, "dropping invalid step batch");
+            let message = format!("invalid step batch from the worker: {e}");
+            for &id in &batch.ids {
+                entry.tracker.fail(
+                    id,
+                    OutputErrorKind::StepGap,
+                    &message,
+                    now,
+                    out,
+                    &mut entry.obs,
+                );
+            }
+        } else {
+            entry.tracker.apply_batch(batch, now, out, &mut entry.obs);
+        }
+        entry.flush(totals);
+        entry
+            .metrics
+            .batch_processing
+            .record(received.elapsed().as_secs_f64());
+    }
+
+    fn on_heartbeat(&mut self, hb: &Heartbeat, now: Clock, out: &mut Outbox) {
+        self.readmit(&hb.worker_id, hb.epoch, now);
+        let Self {
+            workers,
+            totals,
+            stats,
+            ..
+        } = self;
+        let Some(entry) = workers.get_mut(&hb.worker_id) else {
+            return;
+        };
+        if entry.hello.epoch != hb.epoch {
+            stats.stale += 1;
+            entry.metrics.stale.increment(1);
+            return;
+        }
+        entry.last_heard_ns = now.mono_ns;
+        match entry.next_seq {
+            Some(next) if hb.next_seq > next => {
+                stats.gaps += 1;
+                entry.metrics.gaps.increment(1);
+                tracing::warn!(worker = %hb.worker_id, expected = next, heartbeat_next = hb.next_seq, "heartbeat shows lost step batches; failing the worker's in-flight requests");
+                let message = format!(
+                    "step batches {next}..{} of the worker were lost",
+                    hb.next_seq
+                );
+                entry.fail_all(OutputErrorKind::StepGap, &message, now, out);
+                entry.flush(totals);
+                entry.next_seq = Some(hb.next_seq);
+            }
+            None => entry.next_seq = Some(hb.next_seq),
+            _ => {}
+        }
+    }
+
+    fn on_resync(&mut self, resync: &Resync, now: Clock, out: &mut Outbox) {
+        self.readmit(&resync.worker_id, resync.epoch, now);
+        let Self {
+            workers,
+            totals,
+            stats,
+            ..
+        } = self;
+        let Some(entry) = workers.get_mut(&resync.worker_id) else {
+            stats.unknown_worker_batches += 1;
+            metrics::unknown_worker_batch();
+            return;
+        };
+        if entry.hello.epoch != resync.epoch {
+            stats.stale += 1;
+            entry.metrics.stale.increment(1);
+            return;
+        }
+        stats.resyncs += 1;
+        entry.metrics.resyncs.increment(1);
+        entry.last_heard_ns = now.mono_ns;
+        tracing::info!(worker = %resync.worker_id, next_seq = resync.next_seq, requests = resync.requests.len(), "applying worker resync");
+        entry
+            .tracker
+            .resync(&resync.requests, now, out, &mut entry.obs);
+        entry.next_seq = Some(resync.next_seq);
+        entry.flush(totals);
+    }
+
+    fn on_goodbye(&mut self, worker_id: &str, epoch: u64, now: Clock, out: &mut Outbox) {
+        if self.current(worker_id, epoch).is_some() {
+            tracing::info!(worker = %worker_id, "worker said goodbye");
+            self.end_worker(worker_id, "the worker shut down", now, out);
+        }
+    }
+
+    /// Fails the worker's in-flight requests with `WorkerLost` and forgets it.
+    fn end_worker(&mut self, worker_id: &str, message: &str, now: Clock, out: &mut Outbox) {
+        if let Some(mut entry) = self.workers.remove(worker_id) {
+            entry.fail_all(OutputErrorKind::WorkerLost, message, now, out);
+            entry.flush(&mut self.totals);
+            entry.metrics.lost.increment(1);
+            entry.metrics.running.set(0.0);
+            self.stats.workers_lost += 1;
+        }
+        metrics::set_workers_connected(self.workers.len());
+    }
+}

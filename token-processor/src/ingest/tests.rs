@@ -1,0 +1,467 @@
+//! The ingest rules, one test each: gaps, epochs, heartbeat deadlines, resync, validation.
+
+use std::time::Instant;
+
+use proto::tp_api::{OutputErrorKind, RequestOutput};
+use proto::worker_tp::{
+    Heartbeat, RequestStart, Resync, ResyncRequest, StepBatch, StepRow, WorkerHello, WorkerToTp,
+};
+use proto::{FinishReason, RequestId};
+
+use super::{Ingest, IngestConfig};
+use crate::tracker::{Clock, Outbox};
+
+const W: &str = "w0";
+
+fn at(ms: u64) -> Clock {
+    Clock {
+        mono_ns: ms * 1_000_000,
+        unix_ms: 1_000_000 + ms,
+    }
+}
+
+fn hello(epoch: u64, k: u32) -> WorkerToTp {
+    WorkerToTp::Hello(WorkerHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: W.into(),
+        epoch,
+        model: "m".into(),
+        num_spec_tokens: k,
+        proposer: "ngram".into(),
+        ready: true,
+        heartbeat_interval_ms: 100,
+    })
+}
+
+/// A batch builder: `start` adds a new request's prefill row, `verify` a decode row.
+struct B(StepBatch);
+
+impl B {
+    fn new(epoch: u64, seq: u64) -> Self {
+        Self(StepBatch::new(W.into(), epoch, seq))
+    }
+    fn start(mut self, id: RequestId, owner: &str) -> Self {
+        self.0.starts.push(RequestStart {
+            row: self.0.len() as u32,
+            owner: owner.into(),
+            prompt_tokens: 7,
+            arrival_unix_ms: 1_000_000,
+        });
+        self.0.push(StepRow {
+            id,
+            tokens: &[1],
+            drafted: 0,
+            accepted: 0,
+            prefill: true,
+            preempted: false,
+            finish: None,
+        });
+        self
+    }
+    fn verify(mut self, id: RequestId, d: u8, a: u8, finish: Option<FinishReason>) -> Self {
+        let tokens = vec![5; usize::from(a) + 1];
+        self.0.push(StepRow {
+            id,
+            tokens: &tokens,
+            drafted: d,
+            accepted: a,
+            prefill: false,
+            preempted: false,
+            finish,
+        });
+        self
+    }
+    fn msg(self) -> WorkerToTp {
+        WorkerToTp::Step(self.0)
+    }
+}
+
+fn feed(ingest: &mut Ingest, msg: WorkerToTp, ms: u64) -> Vec<RequestOutput> {
+    let mut out = Outbox::default();
+    ingest.handle(msg, at(ms), Instant::now(), &mut out);
+    let mut outputs: Vec<RequestOutput> = out.drain_outputs().map(|(_, o)| o).collect();
+    outputs.sort_by_key(|o| (o.id, o.first_index));
+    outputs
+}
+
+fn finals(outputs: &[RequestOutput]) -> Vec<(RequestId, FinishReason, Option<OutputErrorKind>)> {
+    outputs
+        .iter()
+        .filter_map(|o| {
+            o.finish
+                .map(|f| (o.id, f, o.error.as_ref().map(|e| e.kind)))
+        })
+        .collect()
+}
+
+fn started(ingest: &mut Ingest) {
+    feed(ingest, hello(1, 4), 0);
+    feed(
+        ingest,
+        B::new(1, 0).start(1, "api-a").start(2, "api-b").msg(),
+        1,
+    );
+    feed(
+        ingest,
+        B::new(1, 1)
+            .verify(1, 4, 2, None)
+            .verify(2, 4, 4, None)
+            .msg(),
+        2,
+    );
+    assert_eq!(ingest.in_flight(), 2);
+}
+
+#[test]
+fn a_sequence_gap_fails_every_in_flight_request_and_is_counted() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    // seq 2 is lost; seq 3 also starts request 3, which is tracked normally.
+    let out = feed(
+        &mut ingest,
+        B::new(1, 3).verify(1, 4, 1, None).start(3, "api-a").msg(),
+        3,
+    );
+    assert_eq!(ingest.stats().gaps, 1);
+    assert_eq!(
+        finals(&out),
+        vec![
+            (1, FinishReason::Error, Some(OutputErrorKind::StepGap)),
+            (2, FinishReason::Error, Some(OutputErrorKind::StepGap))
+        ]
+    );
+    // The failed request keeps the figures of the steps that did arrive.
+    let m1 = out
+        .iter()
+        .find(|o| o.id == 1)
+        .unwrap()
+        .speculate_metrics
+        .clone()
+        .unwrap();
+    assert_eq!(m1.num_steps, 1);
+    assert_eq!(ingest.in_flight(), 1);
+    assert!(ingest.worker(W).unwrap().tracker.contains(3));
+    assert_eq!(ingest.stats().gaps, 1);
+}
+
+#[test]
+fn a_heartbeat_past_our_sequence_is_a_gap() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let hb = Heartbeat {
+        worker_id: W.into(),
+        epoch: 1,
+        next_seq: 3,
+        running: 2,
+        waiting: 0,
+        accepting: true,
+    };
+    let out = feed(&mut ingest, WorkerToTp::Heartbeat(hb.clone()), 3);
+    assert_eq!(ingest.stats().gaps, 1);
+    assert_eq!(finals(&out).len(), 2);
+    // The matching heartbeat afterwards is no gap.
+    feed(&mut ingest, WorkerToTp::Heartbeat(hb), 4);
+    assert_eq!(ingest.stats().gaps, 1);
+}
+
+#[test]
+fn duplicates_and_other_epochs_are_ignored() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let out = feed(&mut ingest, B::new(1, 1).verify(1, 4, 2, None).msg(), 3);
+    assert!(out.is_empty());
+    let out = feed(&mut ingest, B::new(7, 2).verify(1, 4, 2, None).msg(), 3);
+    assert!(out.is_empty());
+    assert_eq!(ingest.stats().stale, 2);
+    assert_eq!(ingest.stats().gaps, 0);
+    assert_eq!(
+        ingest
+            .worker(W)
+            .unwrap()
+            .tracker
+            .speculate_metrics(1)
+            .unwrap()
+            .num_steps,
+        1
+    );
+}
+
+#[test]
+fn a_new_epoch_fails_the_old_epochs_requests_as_worker_lost() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let out = feed(&mut ingest, hello(2, 4), 3);
+    assert_eq!(
+        finals(&out),
+        vec![
+            (1, FinishReason::Error, Some(OutputErrorKind::WorkerLost)),
+            (2, FinishReason::Error, Some(OutputErrorKind::WorkerLost))
+        ]
+    );
+    assert_eq!(ingest.in_flight(), 0);
+    assert_eq!(ingest.worker(W).unwrap().hello.epoch, 2);
+    // The same epoch saying hello again (a reconnect) keeps its state.
+    feed(&mut ingest, B::new(2, 0).start(9, "api-a").msg(), 4);
+    feed(&mut ingest, hello(2, 4), 5);
+    assert_eq!(ingest.in_flight(), 1);
+}
+
+#[test]
+fn missed_heartbeats_fail_requests_and_forget_the_worker() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let mut out = Outbox::default();
+    ingest.tick(at(2 + 300), &mut out); // exactly 3 intervals: still alive
+    assert!(out.is_empty());
+    assert_eq!(ingest.live_workers(), 1);
+    ingest.tick(at(2 + 301), &mut out);
+    let outputs: Vec<_> = out.drain_outputs().map(|(_, o)| o).collect();
+    assert_eq!(outputs.len(), 2);
+    assert!(outputs
+        .iter()
+        .all(|o| o.error.as_ref().unwrap().kind == OutputErrorKind::WorkerLost));
+    assert_eq!(ingest.live_workers(), 0);
+    assert_eq!(ingest.stats().workers_lost, 1);
+}
+
+#[test]
+fn goodbye_fails_leftovers_and_forgets_the_worker() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let out = feed(
+        &mut ingest,
+        WorkerToTp::Goodbye {
+            worker_id: W.into(),
+            epoch: 1,
+        },
+        3,
+    );
+    assert_eq!(finals(&out).len(), 2);
+    assert_eq!(ingest.live_workers(), 0);
+}
+
+#[test]
+fn batches_from_an_unknown_worker_wait_for_its_hello() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let out = feed(&mut ingest, B::new(1, 5).start(1, "api-a").msg(), 0);
+    assert!(out.is_empty());
+    assert_eq!(ingest.stats().unknown_worker_batches, 1);
+    assert_eq!(ingest.in_flight(), 0);
+    // After its hello, a mid-epoch batch is taken as the start of our sequence (no gap).
+    feed(&mut ingest, hello(1, 4), 1);
+    feed(
+        &mut ingest,
+        B::new(1, 6).start(2, "api-a").verify(1, 4, 4, None).msg(),
+        2,
+    );
+    assert_eq!(ingest.stats().gaps, 0);
+    assert_eq!(ingest.in_flight(), 1);
+    assert_eq!(
+        ingest
+            .worker(W)
+            .unwrap()
+            .tracker
+            .speculate_metrics(2)
+            .unwrap()
+            .num_steps,
+        0
+    );
+}
+
+#[test]
+fn an_invalid_batch_is_dropped_and_fails_the_requests_it_names() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let out = feed(&mut ingest, B::new(1, 2).verify(1, 5, 1, None).msg(), 3); // d = 5 > K = 4
+    assert_eq!(ingest.stats().invalid_batches, 1);
+    assert_eq!(
+        finals(&out),
+        vec![(1, FinishReason::Error, Some(OutputErrorKind::StepGap))]
+    );
+    // Request 2 goes on, and the sequence moved past the bad batch.
+    feed(
+        &mut ingest,
+        B::new(1, 3).verify(2, 4, 0, Some(FinishReason::Stop)).msg(),
+        4,
+    );
+    assert_eq!(ingest.stats().gaps, 0);
+    assert_eq!(ingest.in_flight(), 0);
+    let mut broken = B::new(1, 4).0;
+    broken.token_offsets.pop();
+    feed(&mut ingest, WorkerToTp::Step(broken), 5);
+    assert_eq!(ingest.stats().invalid_batches, 2);
+}
+
+#[test]
+fn resync_is_authoritative_and_forwards_only_unseen_tokens() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest); // 1: prefill + (4,2) → 4 tokens; 2: prefill + (4,4) → 6 tokens
+    let resync = Resync {
+        worker_id: W.into(),
+        epoch: 1,
+        next_seq: 10,
+        requests: vec![
+            // Request 1 ran two more steps in batches we never saw.
+            ResyncRequest {
+                id: 1,
+                owner: "api-a".into(),
+                prompt_tokens: 7,
+                arrival_unix_ms: 1_000_000,
+                prefilled: true,
+                tokens: vec![5; 4 + 2 + 1],
+                drafted: vec![4, 4, 3],
+                accepted: vec![2, 1, 0],
+            },
+            // Request 5 we never heard of (e.g. we restarted).
+            ResyncRequest {
+                id: 5,
+                owner: "api-b".into(),
+                prompt_tokens: 3,
+                arrival_unix_ms: 1_000_000,
+                prefilled: true,
+                tokens: vec![8, 9],
+                drafted: vec![2],
+                accepted: vec![0],
+            },
+        ],
+    };
+    let out = feed(&mut ingest, WorkerToTp::Resync(resync), 3);
+    // Request 2 is gone from the worker's view: failed explicitly.
+    assert_eq!(
+        finals(&out),
+        vec![(2, FinishReason::Error, Some(OutputErrorKind::StepGap))]
+    );
+    let r1 = out.iter().find(|o| o.id == 1).unwrap();
+    assert_eq!((r1.first_index, r1.tokens.len()), (4, 3));
+    let r5 = out.iter().find(|o| o.id == 5).unwrap();
+    assert_eq!((r5.first_index, r5.tokens.clone()), (0, vec![8, 9]));
+    let m1 = ingest
+        .worker(W)
+        .unwrap()
+        .tracker
+        .speculate_metrics(1)
+        .unwrap();
+    assert_eq!((m1.num_steps, m1.num_accepted_draft_tokens), (3, 3));
+    // Totals grew by exactly what the resync added: 1's two new steps, 5's one step, 2's one.
+    let totals = ingest.totals(W).unwrap();
+    assert_eq!(totals.steps(), 3 + 1 + 1);
+    assert_eq!(totals.accepted_draft_tokens(), 3 + 4);
+    // The sequence continues from the resync's next_seq without a gap.
+    let out = feed(
+        &mut ingest,
+        B::new(1, 10)
+            .verify(1, 4, 4, Some(FinishReason::Length))
+            .msg(),
+        4,
+    );
+    assert_eq!(ingest.stats().gaps, 0);
+    let fin = &out[0];
+    assert_eq!(
+        (
+            fin.first_index,
+            fin.usage.as_ref().unwrap().completion_tokens
+        ),
+        (7, 12)
+    );
+    assert_eq!(fin.speculate_metrics.as_ref().unwrap().num_steps, 4);
+}
+
+#[test]
+fn the_in_flight_cap_refuses_new_requests_explicitly() {
+    let mut ingest = Ingest::new(IngestConfig {
+        max_requests_per_worker: 1,
+        ..IngestConfig::default()
+    });
+    feed(&mut ingest, hello(1, 2), 0);
+    let out = feed(
+        &mut ingest,
+        B::new(1, 0).start(1, "api-a").start(2, "api-a").msg(),
+        1,
+    );
+    assert_eq!(
+        finals(&out),
+        vec![(2, FinishReason::Error, Some(OutputErrorKind::Engine))]
+    );
+    assert_eq!(ingest.in_flight(), 1);
+}
+
+#[test]
+fn each_owner_gets_only_its_own_requests() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    feed(&mut ingest, hello(1, 4), 0);
+    let mut out = Outbox::default();
+    ingest.handle(
+        B::new(1, 0)
+            .start(1, "api-a")
+            .start(2, "api-b")
+            .start(3, "api-a")
+            .msg(),
+        at(1),
+        Instant::now(),
+        &mut out,
+    );
+    let by_owner = out.take();
+    let ids = |owner: &str| {
+        let lists: Vec<_> = by_owner.iter().filter(|(o, _)| &**o == owner).collect();
+        assert_eq!(lists.len(), 1, "one message per owner");
+        let mut v: Vec<RequestId> = lists[0].1.iter().map(|o| o.id).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids("api-a"), vec![1, 3]);
+    assert_eq!(ids("api-b"), vec![2]);
+}
+
+#[test]
+fn k_zero_has_no_speculate_metrics() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    feed(&mut ingest, hello(1, 0), 0);
+    feed(&mut ingest, B::new(1, 0).start(1, "api-a").msg(), 1);
+    let out = feed(
+        &mut ingest,
+        B::new(1, 1).verify(1, 0, 0, Some(FinishReason::Stop)).msg(),
+        2,
+    );
+    assert_eq!(out[0].finish, Some(FinishReason::Stop));
+    assert!(out[0].speculate_metrics.is_none());
+    assert_eq!(out[0].usage.as_ref().unwrap().completion_tokens, 2);
+}
+
+#[test]
+fn a_wrong_protocol_version_is_refused() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let WorkerToTp::Hello(mut h) = hello(1, 4) else {
+        unreachable!()
+    };
+    h.protocol_version += 1;
+    feed(&mut ingest, WorkerToTp::Hello(h), 0);
+    assert_eq!(ingest.live_workers(), 0);
+    assert_eq!(ingest.stats().refused_hellos, 1);
+}
+
+#[test]
+fn a_stalled_worker_that_speaks_again_is_readmitted() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let mut out = Outbox::default();
+    ingest.tick(at(1_000), &mut out);
+    assert_eq!(ingest.live_workers(), 0);
+    assert_eq!(out.drain_outputs().count(), 2);
+    // Same epoch, no new hello: its next batch brings it back; old rows are unknown, new
+    // requests are tracked.
+    let out = feed(
+        &mut ingest,
+        B::new(1, 2).verify(1, 4, 1, None).start(7, "api-a").msg(),
+        1_001,
+    );
+    assert_eq!(ingest.live_workers(), 1);
+    assert_eq!(out.len(), 1);
+    assert!(ingest.worker(W).unwrap().tracker.contains(7));
+    assert!(!ingest.worker(W).unwrap().tracker.contains(1));
+    // Another epoch is not re-admitted without its hello.
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    ingest.tick(at(1_000), &mut Outbox::default());
+    feed(&mut ingest, B::new(2, 0).start(8, "api-a").msg(), 1_001);
+    assert_eq!(ingest.live_workers(), 0);
+}

@@ -1,0 +1,389 @@
+//! Every metric the token-processor exports: names, units, help text and histogram buckets, all
+//! here. Labels are `model` and `worker` (plus the spec's `position` on the per-position
+//! counter); never a request id. Finish reasons are separate counters so that no other label
+//! exists.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{Counter, Gauge, Histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::error::TpError;
+use crate::tracker::Observations;
+
+pub const SPEC_NUM_STEPS: &str = "specula_spec_decode_num_steps_total";
+pub const SPEC_NUM_DRAFTS: &str = "specula_spec_decode_num_drafts_total";
+pub const SPEC_NUM_DRAFT_TOKENS: &str = "specula_spec_decode_num_draft_tokens_total";
+pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "specula_spec_decode_num_accepted_tokens_total";
+pub const SPEC_ACCEPTED_PER_POS: &str = "specula_spec_decode_num_accepted_tokens_per_pos_total";
+pub const SPEC_NUM_EMITTED_TOKENS: &str = "specula_spec_decode_num_emitted_tokens_total";
+pub const SPEC_ACCEPTED_PER_STEP: &str = "specula_spec_decode_accepted_drafts_per_step";
+
+/// Finished-request counters, indexed by `FinishReason::code() - 1`.
+pub const FINISHED: [&str; 4] = [
+    "specula_requests_finished_stop_total",
+    "specula_requests_finished_length_total",
+    "specula_requests_finished_abort_total",
+    "specula_requests_finished_error_total",
+];
+pub const PROMPT_TOKENS: &str = "specula_prompt_tokens_total";
+pub const GENERATION_TOKENS: &str = "specula_generation_tokens_total";
+pub const TTFT: &str = "specula_time_to_first_token_seconds";
+pub const ITL: &str = "specula_inter_token_latency_seconds";
+pub const E2E: &str = "specula_e2e_request_latency_seconds";
+pub const REQUESTS_RUNNING: &str = "specula_requests_running";
+pub const WORKERS_CONNECTED: &str = "specula_workers_connected";
+pub const API_SERVERS_CONNECTED: &str = "specula_api_servers_connected";
+pub const BATCH_PROCESSING: &str = "specula_step_batch_processing_seconds";
+pub const GAPS: &str = "specula_step_batch_gaps_total";
+pub const INVALID_BATCHES: &str = "specula_step_batches_invalid_total";
+pub const STALE_BATCHES: &str = "specula_step_batches_stale_total";
+pub const UNKNOWN_WORKER_BATCHES: &str = "specula_step_batches_unknown_worker_total";
+pub const UNKNOWN_ROWS: &str = "specula_step_rows_unknown_request_total";
+pub const REFUSED: &str = "specula_requests_refused_total";
+pub const WORKERS_LOST: &str = "specula_workers_lost_total";
+pub const RESYNCS: &str = "specula_worker_resyncs_total";
+pub const MALFORMED_FRAMES: &str = "specula_ingest_frames_malformed_total";
+pub const OUTPUTS_DROPPED: &str = "specula_outputs_dropped_total";
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.4, 0.5, 0.75, 1.0, 2.5,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0,
+];
+const BATCH_BUCKETS: &[f64] = &[
+    0.000_005, 0.000_01, 0.000_015, 0.000_02, 0.000_025, 0.000_03, 0.000_04, 0.000_05, 0.000_06,
+    0.000_07, 0.000_08, 0.000_09, 0.000_1, 0.000_125, 0.000_15, 0.000_2, 0.000_25, 0.000_5, 0.001,
+    0.002_5, 0.005, 0.01, 0.025, 0.1,
+];
+
+/// Counters that exist before any worker said hello (exported at 0 from startup).
+const ALL_COUNTERS: &[&str] = &[
+    SPEC_NUM_STEPS,
+    SPEC_NUM_DRAFTS,
+    SPEC_NUM_DRAFT_TOKENS,
+    SPEC_NUM_ACCEPTED_TOKENS,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_NUM_EMITTED_TOKENS,
+    FINISHED[0],
+    FINISHED[1],
+    FINISHED[2],
+    FINISHED[3],
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    GAPS,
+    INVALID_BATCHES,
+    STALE_BATCHES,
+    UNKNOWN_WORKER_BATCHES,
+    UNKNOWN_ROWS,
+    REFUSED,
+    WORKERS_LOST,
+    RESYNCS,
+    MALFORMED_FRAMES,
+    OUTPUTS_DROPPED,
+];
+
+/// Installs the global Prometheus recorder. `max_spec_tokens` sets the accepted-drafts-per-step
+/// buckets `le="0".."K"` (one bucket set per metric name, so the largest K expected).
+pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
+    let per_step: Vec<f64> = (0..=max_spec_tokens).map(f64::from).collect();
+    let err = |e: metrics_exporter_prometheus::BuildError| TpError::Metrics(e.to_string());
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(SPEC_ACCEPTED_PER_STEP.into()), &per_step)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(ITL.into()), ITL_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(E2E.into()), E2E_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(BATCH_PROCESSING.into()), BATCH_BUCKETS)
+        .map_err(err)?
+        .install_recorder()
+        .map_err(err)?;
+    describe_all();
+    for name in ALL_COUNTERS {
+        counter!(*name).increment(0);
+    }
+    gauge!(WORKERS_CONNECTED).set(0.0);
+    gauge!(API_SERVERS_CONNECTED).set(0.0);
+    Ok(handle)
+}
+
+fn describe_all() {
+    describe_counter!(
+        SPEC_NUM_STEPS,
+        Unit::Count,
+        "Verification (decode) steps; the prefill is not one."
+    );
+    describe_counter!(
+        SPEC_NUM_DRAFTS,
+        Unit::Count,
+        "Verification steps that proposed at least one draft token."
+    );
+    describe_counter!(
+        SPEC_NUM_DRAFT_TOKENS,
+        Unit::Count,
+        "Draft tokens proposed, sum of d over steps."
+    );
+    describe_counter!(
+        SPEC_NUM_ACCEPTED_TOKENS,
+        Unit::Count,
+        "Draft tokens accepted by the verifier, sum of a over steps (bonus token excluded)."
+    );
+    describe_counter!(
+        SPEC_ACCEPTED_PER_POS,
+        Unit::Count,
+        "Draft tokens accepted at draft position i (0-based; position 0 is head 1)."
+    );
+    describe_counter!(
+        SPEC_NUM_EMITTED_TOKENS,
+        Unit::Count,
+        "Tokens produced by verification steps, sum of a+1 (bonus included)."
+    );
+    describe_histogram!(
+        SPEC_ACCEPTED_PER_STEP,
+        Unit::Count,
+        "Accepted draft tokens per verification step."
+    );
+    for (name, reason) in FINISHED.iter().zip(["stop", "length", "abort", "error"]) {
+        describe_counter!(
+            *name,
+            Unit::Count,
+            format!("Requests finished with reason {reason}.")
+        );
+    }
+    describe_counter!(
+        PROMPT_TOKENS,
+        Unit::Count,
+        "Prompt tokens of the requests seen."
+    );
+    describe_counter!(
+        GENERATION_TOKENS,
+        Unit::Count,
+        "Output tokens delivered to api-servers."
+    );
+    describe_histogram!(
+        TTFT,
+        Unit::Seconds,
+        "Time from arrival at the api-server to the first output token."
+    );
+    describe_histogram!(
+        ITL,
+        Unit::Seconds,
+        "Time between consecutive token deliveries of a request."
+    );
+    describe_histogram!(
+        E2E,
+        Unit::Seconds,
+        "Time from arrival at the api-server to the final output."
+    );
+    describe_gauge!(
+        REQUESTS_RUNNING,
+        Unit::Count,
+        "Requests in flight on the worker."
+    );
+    describe_gauge!(
+        WORKERS_CONNECTED,
+        Unit::Count,
+        "Workers that said hello and are within their heartbeat deadline."
+    );
+    describe_gauge!(
+        API_SERVERS_CONNECTED,
+        Unit::Count,
+        "Api-servers that said hello and are within their heartbeat deadline."
+    );
+    describe_histogram!(
+        BATCH_PROCESSING,
+        Unit::Seconds,
+        "Time to decode and account one step batch and queue its outputs."
+    );
+    describe_counter!(
+        GAPS,
+        Unit::Count,
+        "Holes in a worker's step-batch sequence (its in-flight requests fail)."
+    );
+    describe_counter!(
+        INVALID_BATCHES,
+        Unit::Count,
+        "Step batches that failed validation and were dropped."
+    );
+    describe_counter!(
+        STALE_BATCHES,
+        Unit::Count,
+        "Duplicate or old-epoch messages that were ignored."
+    );
+    describe_counter!(
+        UNKNOWN_WORKER_BATCHES,
+        Unit::Count,
+        "Step batches from a worker that has not said hello yet (dropped until it does)."
+    );
+    describe_counter!(
+        UNKNOWN_ROWS,
+        Unit::Count,
+        "Step-batch rows naming a request the token-processor does not track."
+    );
+    describe_counter!(
+        REFUSED,
+        Unit::Count,
+        "Requests failed because the per-worker in-flight cap was reached."
+    );
+    describe_counter!(
+        WORKERS_LOST,
+        Unit::Count,
+        "Worker epochs ended by restart, goodbye or missed heartbeats."
+    );
+    describe_counter!(RESYNCS, Unit::Count, "Resync messages applied.");
+    describe_counter!(
+        MALFORMED_FRAMES,
+        Unit::Count,
+        "Ingest frames that were not a valid message."
+    );
+    describe_counter!(
+        OUTPUTS_DROPPED,
+        Unit::Count,
+        "Request outputs dropped: owner not connected or queue full."
+    );
+}
+
+/// Metric handles of one worker, resolved once at hello so the hot path does no lookups.
+#[derive(Debug, Clone)]
+pub struct WorkerMetrics {
+    steps: Counter,
+    drafts: Counter,
+    draft_tokens: Counter,
+    accepted_tokens: Counter,
+    accepted_per_pos: Vec<Counter>,
+    emitted_tokens: Counter,
+    accepted_per_step: Histogram,
+    finished: [Counter; 4],
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    pub running: Gauge,
+    pub batch_processing: Histogram,
+    pub gaps: Counter,
+    pub invalid_batches: Counter,
+    pub stale: Counter,
+    unknown_rows: Counter,
+    refused: Counter,
+    pub lost: Counter,
+    pub resyncs: Counter,
+}
+
+impl WorkerMetrics {
+    /// Resolves (and exports at 0) every series of worker `worker` serving `model` with K drafts.
+    pub fn new(model: &str, worker: &str, num_spec_tokens: usize) -> Self {
+        let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
+        let c = |name: &'static str| {
+            let handle = counter!(name, &labels);
+            handle.increment(0);
+            handle
+        };
+        let accepted_per_pos = (0..num_spec_tokens)
+            .map(|i| {
+                let handle = counter!(SPEC_ACCEPTED_PER_POS, "model" => model.to_owned(), "worker" => worker.to_owned(), "position" => i.to_string());
+                handle.increment(0);
+                handle
+            })
+            .collect();
+        let running = gauge!(REQUESTS_RUNNING, &labels);
+        running.set(0.0);
+        Self {
+            steps: c(SPEC_NUM_STEPS),
+            drafts: c(SPEC_NUM_DRAFTS),
+            draft_tokens: c(SPEC_NUM_DRAFT_TOKENS),
+            accepted_tokens: c(SPEC_NUM_ACCEPTED_TOKENS),
+            accepted_per_pos,
+            emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
+            accepted_per_step: histogram!(SPEC_ACCEPTED_PER_STEP, &labels),
+            finished: FINISHED.map(c),
+            prompt_tokens: c(PROMPT_TOKENS),
+            generation_tokens: c(GENERATION_TOKENS),
+            ttft: histogram!(TTFT, &labels),
+            itl: histogram!(ITL, &labels),
+            e2e: histogram!(E2E, &labels),
+            running,
+            batch_processing: histogram!(BATCH_PROCESSING, &labels),
+            gaps: c(GAPS),
+            invalid_batches: c(INVALID_BATCHES),
+            stale: c(STALE_BATCHES),
+            unknown_rows: c(UNKNOWN_ROWS),
+            refused: c(REFUSED),
+            lost: c(WORKERS_LOST),
+            resyncs: c(RESYNCS),
+        }
+    }
+
+    /// Adds one batch's (or sweep's) observations.
+    pub fn apply(&self, obs: &Observations) {
+        let f = &obs.figures;
+        if !f.is_zero() {
+            self.steps.increment(f.steps());
+            self.drafts.increment(f.drafts());
+            self.draft_tokens.increment(f.draft_tokens());
+            self.accepted_tokens.increment(f.accepted_draft_tokens());
+            self.emitted_tokens.increment(f.emitted_tokens());
+            for (handle, n) in self.accepted_per_pos.iter().zip(f.accepted_per_position()) {
+                handle.increment(n);
+            }
+            for (j, &n) in f.accept_length_histogram().iter().enumerate() {
+                if n > 0 {
+                    self.accepted_per_step.record_many(j as f64, n as usize);
+                }
+            }
+        }
+        for (handle, &n) in self.finished.iter().zip(&obs.finished) {
+            if n > 0 {
+                handle.increment(n);
+            }
+        }
+        self.prompt_tokens.increment(obs.prompt_tokens);
+        self.generation_tokens.increment(obs.generation_tokens);
+        for &s in &obs.ttft_s {
+            self.ttft.record(s);
+        }
+        for &s in &obs.itl_s {
+            self.itl.record(s);
+        }
+        for &s in &obs.e2e_s {
+            self.e2e.record(s);
+        }
+        if obs.unknown_rows > 0 {
+            self.unknown_rows.increment(obs.unknown_rows);
+        }
+        if obs.refused_at_cap > 0 {
+            self.refused.increment(obs.refused_at_cap);
+        }
+    }
+}
+
+/// Process-wide series (no worker yet, or no worker at all).
+/// Unlabeled: the worker id of a stranger is untrusted input, not a label value.
+pub fn unknown_worker_batch() {
+    counter!(UNKNOWN_WORKER_BATCHES).increment(1);
+}
+
+pub fn malformed_frame() {
+    counter!(MALFORMED_FRAMES).increment(1);
+}
+
+pub fn outputs_dropped(n: usize) {
+    counter!(OUTPUTS_DROPPED).increment(n as u64);
+}
+
+pub fn set_workers_connected(n: usize) {
+    gauge!(WORKERS_CONNECTED).set(n as f64);
+}
+
+pub fn set_api_servers_connected(n: usize) {
+    gauge!(API_SERVERS_CONNECTED).set(n as f64);
+}

@@ -1,0 +1,282 @@
+//! The acceptance figures of `shared/spec/acceptance-metrics.md`, kept as a handful of counters
+//! and two (K+1)-entry histograms: O(K) memory per request, never O(steps).
+//!
+//! Per-position counts are derived from the histograms instead of updated per position: position
+//! `i` is accepted in a step iff `a > i`, so `accepted_i = #{steps: a > i}` is a suffix sum of the
+//! accept-length histogram; it is reached iff `i < min(d, a + 1)`, so `reached_i` is a suffix sum
+//! of the histogram of `min(d, a + 1)`. Recording a step is therefore O(1), whatever K is.
+
+use proto::SpeculateMetrics;
+
+/// Running `(d, a)` statistics of one request, or the sum over many.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Figures {
+    steps: u64,
+    drafts: u64,
+    draft_tokens: u64,
+    accepted_draft_tokens: u64,
+    /// Entry `j`: steps with `a == j`; K + 1 entries.
+    accept_hist: Box<[u64]>,
+    /// Entry `m`: steps with `min(d, a + 1) == m` (positions `0..m` were reached); K + 1 entries.
+    reach_hist: Box<[u64]>,
+}
+
+impl Figures {
+    /// Zero figures for K = `num_spec_tokens`.
+    pub fn new(num_spec_tokens: usize) -> Self {
+        Self {
+            steps: 0,
+            drafts: 0,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
+            accept_hist: vec![0; num_spec_tokens + 1].into_boxed_slice(),
+            reach_hist: vec![0; num_spec_tokens + 1].into_boxed_slice(),
+        }
+    }
+
+    /// K.
+    pub fn num_spec_tokens(&self) -> usize {
+        self.accept_hist.len() - 1
+    }
+
+    /// Records one verification step. The caller guarantees `a <= d <= K` (a validated batch).
+    #[inline]
+    pub fn record(&mut self, drafted: u8, accepted: u8) {
+        debug_assert!(accepted <= drafted && usize::from(drafted) <= self.num_spec_tokens());
+        self.steps += 1;
+        self.drafts += u64::from(drafted > 0);
+        self.draft_tokens += u64::from(drafted);
+        self.accepted_draft_tokens += u64::from(accepted);
+        self.accept_hist[usize::from(accepted)] += 1;
+        self.reach_hist[usize::from(drafted.min(accepted + 1))] += 1;
+    }
+
+    /// Verification steps (`n`).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Steps with `d > 0`.
+    pub fn drafts(&self) -> u64 {
+        self.drafts
+    }
+
+    /// `sum(d)`.
+    pub fn draft_tokens(&self) -> u64 {
+        self.draft_tokens
+    }
+
+    /// `sum(a)`, bonus tokens excluded.
+    pub fn accepted_draft_tokens(&self) -> u64 {
+        self.accepted_draft_tokens
+    }
+
+    /// `sum(a + 1)`: tokens produced by verification steps.
+    pub fn emitted_tokens(&self) -> u64 {
+        self.accepted_draft_tokens + self.steps
+    }
+
+    /// Entry `j`: steps that accepted exactly `j` drafts.
+    pub fn accept_length_histogram(&self) -> &[u64] {
+        &self.accept_hist
+    }
+
+    /// `accepted_i` for `i in 0..K`.
+    pub fn accepted_per_position(&self) -> Vec<u64> {
+        suffix_counts(&self.accept_hist)
+    }
+
+    /// `reached_i` for `i in 0..K`.
+    pub fn reached_per_position(&self) -> Vec<u64> {
+        suffix_counts(&self.reach_hist)
+    }
+
+    /// Adds `other` to `self`; a larger K in `other` grows `self` (a worker restarted with
+    /// another K keeps one running total).
+    pub fn add(&mut self, other: &Figures) {
+        self.grow_to(other.num_spec_tokens());
+        self.steps += other.steps;
+        self.drafts += other.drafts;
+        self.draft_tokens += other.draft_tokens;
+        self.accepted_draft_tokens += other.accepted_draft_tokens;
+        for (mine, theirs) in self.accept_hist.iter_mut().zip(other.accept_hist.iter()) {
+            *mine += theirs;
+        }
+        for (mine, theirs) in self.reach_hist.iter_mut().zip(other.reach_hist.iter()) {
+            *mine += theirs;
+        }
+    }
+
+    /// Adds `newer - older`, field by field, never below zero: what a resync taught us beyond
+    /// what was already counted.
+    pub fn add_growth(&mut self, newer: &Figures, older: &Figures) {
+        self.grow_to(newer.num_spec_tokens());
+        self.steps += newer.steps.saturating_sub(older.steps);
+        self.drafts += newer.drafts.saturating_sub(older.drafts);
+        self.draft_tokens += newer.draft_tokens.saturating_sub(older.draft_tokens);
+        self.accepted_draft_tokens += newer
+            .accepted_draft_tokens
+            .saturating_sub(older.accepted_draft_tokens);
+        for (j, n) in newer.accept_hist.iter().enumerate() {
+            let o = older.accept_hist.get(j).copied().unwrap_or(0);
+            self.accept_hist[j] += n.saturating_sub(o);
+        }
+        for (j, n) in newer.reach_hist.iter().enumerate() {
+            let o = older.reach_hist.get(j).copied().unwrap_or(0);
+            self.reach_hist[j] += n.saturating_sub(o);
+        }
+    }
+
+    /// Back to zero, keeping K (reuses the allocation).
+    pub fn clear(&mut self) {
+        self.steps = 0;
+        self.drafts = 0;
+        self.draft_tokens = 0;
+        self.accepted_draft_tokens = 0;
+        self.accept_hist.fill(0);
+        self.reach_hist.fill(0);
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.steps == 0
+    }
+
+    fn grow_to(&mut self, num_spec_tokens: usize) {
+        if num_spec_tokens > self.num_spec_tokens() {
+            let mut accept = self.accept_hist.to_vec();
+            accept.resize(num_spec_tokens + 1, 0);
+            let mut reach = self.reach_hist.to_vec();
+            reach.resize(num_spec_tokens + 1, 0);
+            self.accept_hist = accept.into_boxed_slice();
+            self.reach_hist = reach.into_boxed_slice();
+        }
+    }
+
+    /// The request's `speculate_metrics`, every float one division as the spec writes it.
+    pub fn speculate_metrics(&self) -> SpeculateMetrics {
+        let accepted = self.accepted_per_position();
+        let reached = self.reached_per_position();
+        let accepted_tokens = self.emitted_tokens();
+        let mut accepted_tokens_per_head = Vec::with_capacity(accepted.len() + 1);
+        accepted_tokens_per_head.push(self.steps);
+        accepted_tokens_per_head.extend_from_slice(&accepted);
+        SpeculateMetrics {
+            accepted_tokens,
+            rejected_tokens: self.draft_tokens - self.accepted_draft_tokens,
+            accept_ratio: ratio(self.accepted_draft_tokens, accepted_tokens),
+            average_accept_length: ratio(accepted_tokens, self.steps),
+            accept_ratio_per_head: accepted
+                .iter()
+                .zip(&reached)
+                .map(|(&a, &r)| ratio(a, r))
+                .collect(),
+            accepted_tokens_per_head,
+            num_steps: self.steps,
+            num_drafts: self.drafts,
+            num_draft_tokens: self.draft_tokens,
+            num_accepted_draft_tokens: self.accepted_draft_tokens,
+            draft_acceptance_rate: ratio(self.accepted_draft_tokens, self.draft_tokens),
+            accept_length_histogram: self.accept_hist.to_vec(),
+        }
+    }
+}
+
+/// `num / den`, or 0 when `den` is 0 (the spec never emits NaN or infinity).
+fn ratio(num: u64, den: u64) -> f64 {
+    if den == 0 {
+        0.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+/// Entry `i` (for `i in 0..len-1`): the sum of `hist[i+1..]`.
+fn suffix_counts(hist: &[u64]) -> Vec<u64> {
+    let mut out = vec![0; hist.len() - 1];
+    let mut running = 0;
+    for i in (0..out.len()).rev() {
+        running += hist[i + 1];
+        out[i] = running;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-position counts straight from the spec's definitions, to check the suffix sums.
+    fn naive(k: usize, steps: &[(u8, u8)]) -> (Vec<u64>, Vec<u64>) {
+        let (mut acc, mut reach) = (vec![0; k], vec![0; k]);
+        for &(d, a) in steps {
+            for i in 0..k {
+                if i < d as usize && i <= a as usize {
+                    reach[i] += 1;
+                }
+                if i < a as usize {
+                    acc[i] += 1;
+                }
+            }
+        }
+        (acc, reach)
+    }
+
+    #[test]
+    fn per_position_counts_match_the_definitions() {
+        let steps = [
+            (4, 4),
+            (4, 0),
+            (0, 0),
+            (2, 2),
+            (3, 1),
+            (1, 0),
+            (0, 0),
+            (4, 2),
+        ];
+        let mut f = Figures::new(4);
+        for &(d, a) in &steps {
+            f.record(d, a);
+        }
+        let (acc, reach) = naive(4, &steps);
+        assert_eq!(f.accepted_per_position(), acc);
+        assert_eq!(f.reached_per_position(), reach);
+    }
+
+    #[test]
+    fn empty_figures_have_full_length_arrays_and_no_nan() {
+        let m = Figures::new(3).speculate_metrics();
+        assert_eq!(m.accept_ratio_per_head, vec![0.0; 3]);
+        assert_eq!(m.accepted_tokens_per_head, vec![0; 4]);
+        assert_eq!(m.accept_length_histogram, vec![0; 4]);
+        assert_eq!(
+            (
+                m.accept_ratio,
+                m.average_accept_length,
+                m.draft_acceptance_rate
+            ),
+            (0.0, 0.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn growth_adds_only_the_difference() {
+        let (mut old, mut new) = (Figures::new(2), Figures::new(2));
+        old.record(2, 1);
+        new.record(2, 1);
+        new.record(1, 1);
+        let mut total = old.clone();
+        total.add_growth(&new, &old);
+        assert_eq!(total, new);
+    }
+
+    #[test]
+    fn add_grows_to_the_larger_k() {
+        let mut small = Figures::new(1);
+        small.record(1, 1);
+        let mut big = Figures::new(3);
+        big.record(3, 2);
+        small.add(&big);
+        assert_eq!(small.num_spec_tokens(), 3);
+        assert_eq!(small.accepted_per_position(), vec![2, 1, 0]);
+    }
+}

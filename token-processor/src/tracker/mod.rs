@@ -1,0 +1,409 @@
+//! Per-request acceptance tracking for one worker epoch: pure state, no I/O, no clock of its own.
+//! The live ingest, the golden-case tests and `replay` all drive this same code.
+//!
+//! Memory: a request costs one map entry of fixed size plus its [`Figures`] (2(K+1) counters),
+//! i.e. O(K), whatever its length; the table holds at most `max_requests` entries and an entry
+//! leaves it on finish, abort, failure, or when the worker's epoch ends.
+
+mod effects;
+mod figures;
+mod request;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+
+pub use effects::{Observations, Outbox, OutputsByOwner};
+pub use figures::Figures;
+pub use request::RequestState;
+
+use proto::tp_api::{OutputErrorKind, RequestOutput};
+use proto::worker_tp::{ResyncRequest, StepBatch};
+use proto::{FinishReason, RequestId, SpeculateMetrics};
+
+/// A moment, as the ingest saw it: monotonic nanoseconds (latencies between deliveries) and wall
+/// clock milliseconds (latencies from the api-server's arrival time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    pub mono_ns: u64,
+    pub unix_ms: u64,
+}
+
+/// Owner names kept interned (one `Arc` per api-server name); names beyond it are not shared.
+const MAX_INTERNED_OWNERS: usize = 1024;
+
+/// Hasher for request ids: a SplitMix64 finalizer (ids are chosen by our own api-servers, so
+/// hash flooding is not a concern, and SipHash would dominate the per-row cost).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
+
+/// The in-flight requests of one worker epoch.
+#[derive(Debug)]
+pub struct Tracker {
+    num_spec_tokens: usize,
+    max_requests: usize,
+    requests: IdMap<RequestState>,
+    owners: HashMap<String, Arc<str>>,
+}
+
+impl Tracker {
+    pub fn new(num_spec_tokens: u32, max_requests: usize) -> Self {
+        Self {
+            num_spec_tokens: num_spec_tokens as usize,
+            max_requests,
+            requests: IdMap::default(),
+            owners: HashMap::new(),
+        }
+    }
+
+    pub fn num_spec_tokens(&self) -> usize {
+        self.num_spec_tokens
+    }
+
+    /// In-flight requests.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// The figures so far of an in-flight request.
+    pub fn speculate_metrics(&self, id: RequestId) -> Option<SpeculateMetrics> {
+        self.requests
+            .get(&id)
+            .map(|r| r.figures.speculate_metrics())
+    }
+
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.requests.keys().copied()
+    }
+
+    /// The shared name of an owner (so outputs group by pointer).
+    fn owner(&mut self, name: &str) -> Arc<str> {
+        if let Some(owner) = self.owners.get(name) {
+            return owner.clone();
+        }
+        let owner: Arc<str> = Arc::from(name);
+        if self.owners.len() < MAX_INTERNED_OWNERS {
+            self.owners.insert(name.to_owned(), owner.clone());
+        }
+        owner
+    }
+
+    fn speculating(&self) -> bool {
+        self.num_spec_tokens > 0
+    }
+
+    /// Applies one batch that passed `StepBatch::validate(K)` with this tracker's K.
+    pub fn apply_batch(
+        &mut self,
+        batch: &StepBatch,
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        for start in &batch.starts {
+            let id = batch.ids[start.row as usize];
+            if self.requests.contains_key(&id) {
+                // Already known (e.g. restored by a resync): the first start wins.
+                continue;
+            }
+            let owner: Arc<str> = self.owner(&start.owner);
+            if self.requests.len() >= self.max_requests {
+                obs.refused_at_cap += 1;
+                let state =
+                    RequestState::new(owner.clone(), start.prompt_tokens, start.arrival_unix_ms, 0);
+                let mut output = empty_output(id);
+                let message = format!(
+                    "token-processor in-flight cap of {} requests per worker reached",
+                    self.max_requests
+                );
+                state.finalize(
+                    &mut output,
+                    FinishReason::Error,
+                    Some((OutputErrorKind::Engine, message)),
+                    false,
+                );
+                obs.count_finish(FinishReason::Error);
+                out.push(&owner, output);
+                continue;
+            }
+            obs.prompt_tokens += u64::from(start.prompt_tokens);
+            self.requests.insert(
+                id,
+                RequestState::new(
+                    owner,
+                    start.prompt_tokens,
+                    start.arrival_unix_ms,
+                    self.num_spec_tokens,
+                ),
+            );
+        }
+
+        let speculating = self.speculating();
+        out.expect(batch.len());
+        for row in batch.rows() {
+            let Some(state) = self.requests.get_mut(&row.id) else {
+                obs.unknown_rows += 1;
+                continue;
+            };
+            if row.preempted {
+                // Recompute preemption: no tokens, no step; the figures carry over.
+                continue;
+            }
+            // An abort or engine failure with no tokens is a notice, not a verification step.
+            let notice = row.tokens.is_empty()
+                && matches!(row.finish, Some(FinishReason::Abort | FinishReason::Error));
+            if row.prefill {
+                state.prefilled = true;
+            } else if !notice {
+                state.figures.record(row.drafted, row.accepted);
+                obs.figures.record(row.drafted, row.accepted);
+            }
+            let has_tokens = !row.tokens.is_empty();
+            if has_tokens {
+                obs.generation_tokens += row.tokens.len() as u64;
+                match state.last_delivery_ns {
+                    None => obs.ttft_s.extend(state.age_s(now)),
+                    Some(last) => obs
+                        .itl_s
+                        .push(now.mono_ns.saturating_sub(last) as f64 / 1e9),
+                }
+                state.last_delivery_ns = Some(now.mono_ns);
+            }
+            match row.finish {
+                None => {
+                    if has_tokens {
+                        let output = state.tokens_output(row.id, row.tokens.to_vec());
+                        out.push(&state.owner, output);
+                    }
+                }
+                Some(reason) => {
+                    let mut output = state.tokens_output(row.id, row.tokens.to_vec());
+                    let error = (reason == FinishReason::Error).then(|| {
+                        (
+                            OutputErrorKind::Engine,
+                            "the engine-worker failed the request".to_owned(),
+                        )
+                    });
+                    state.finalize(&mut output, reason, error, speculating);
+                    obs.count_finish(reason);
+                    obs.e2e_s.extend(state.age_s(now));
+                    let owner = state.owner.clone();
+                    self.requests.remove(&row.id);
+                    out.push(&owner, output);
+                }
+            }
+        }
+    }
+
+    /// Ends one in-flight request with an error (its figures so far go with it).
+    pub fn fail(
+        &mut self,
+        id: RequestId,
+        kind: OutputErrorKind,
+        message: &str,
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        let speculating = self.speculating();
+        if let Some(mut state) = self.requests.remove(&id) {
+            let mut output = state.tokens_output(id, Vec::new());
+            state.finalize(
+                &mut output,
+                FinishReason::Error,
+                Some((kind, message.to_owned())),
+                speculating,
+            );
+            obs.count_finish(FinishReason::Error);
+            obs.e2e_s.extend(state.age_s(now));
+            out.push(&state.owner, output);
+        }
+    }
+
+    /// Ends every in-flight request with an error; the table is empty afterwards.
+    pub fn fail_all(
+        &mut self,
+        kind: OutputErrorKind,
+        message: &str,
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail(id, kind, message, now, out, obs);
+        }
+    }
+
+    /// Makes the table exactly the worker's view (authoritative): requests it no longer has are
+    /// failed, known ones take its figures (counters grow by the difference), unknown ones are
+    /// adopted; tokens the owner has not been sent yet are forwarded.
+    pub fn resync(
+        &mut self,
+        requests: &[ResyncRequest],
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        let in_resync: std::collections::HashSet<RequestId> =
+            requests.iter().map(|r| r.id).collect();
+        let gone: Vec<RequestId> = self
+            .requests
+            .keys()
+            .filter(|id| !in_resync.contains(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.fail(
+                id,
+                OutputErrorKind::StepGap,
+                "the worker's resync no longer lists the request",
+                now,
+                out,
+                obs,
+            );
+        }
+        let k = self.num_spec_tokens;
+        for req in requests {
+            let Some(figures) = figures_from_history(k, &req.drafted, &req.accepted) else {
+                // A history the worker should never send; fail the request rather than guess.
+                if self.requests.contains_key(&req.id) {
+                    self.fail(
+                        req.id,
+                        OutputErrorKind::StepGap,
+                        "resync carried an invalid history",
+                        now,
+                        out,
+                        obs,
+                    );
+                } else {
+                    let owner: Arc<str> = self.owner(&req.owner);
+                    let state =
+                        RequestState::new(owner.clone(), req.prompt_tokens, req.arrival_unix_ms, k);
+                    let mut output = empty_output(req.id);
+                    state.finalize(
+                        &mut output,
+                        FinishReason::Error,
+                        Some((
+                            OutputErrorKind::StepGap,
+                            "resync carried an invalid history".to_owned(),
+                        )),
+                        false,
+                    );
+                    obs.count_finish(FinishReason::Error);
+                    out.push(&owner, output);
+                }
+                continue;
+            };
+            let state = match self.requests.get_mut(&req.id) {
+                Some(state) => {
+                    obs.figures.add_growth(&figures, &state.figures);
+                    state.figures = figures;
+                    state
+                }
+                None => {
+                    if self.requests.len() >= self.max_requests {
+                        obs.refused_at_cap += 1;
+                        let owner: Arc<str> = self.owner(&req.owner);
+                        let state = RequestState::new(
+                            owner.clone(),
+                            req.prompt_tokens,
+                            req.arrival_unix_ms,
+                            0,
+                        );
+                        let mut output = empty_output(req.id);
+                        let message = format!(
+                            "token-processor in-flight cap of {} requests per worker reached",
+                            self.max_requests
+                        );
+                        state.finalize(
+                            &mut output,
+                            FinishReason::Error,
+                            Some((OutputErrorKind::Engine, message)),
+                            false,
+                        );
+                        obs.count_finish(FinishReason::Error);
+                        out.push(&owner, output);
+                        continue;
+                    }
+                    obs.figures.add(&figures);
+                    obs.prompt_tokens += u64::from(req.prompt_tokens);
+                    let mut state = RequestState::new(
+                        self.owner(&req.owner),
+                        req.prompt_tokens,
+                        req.arrival_unix_ms,
+                        k,
+                    );
+                    state.figures = figures;
+                    self.requests.entry(req.id).or_insert(state)
+                }
+            };
+            state.prefilled = req.prefilled;
+            let already = state.delivered as usize;
+            if req.tokens.len() > already {
+                let fresh = req.tokens[already..].to_vec();
+                obs.generation_tokens += fresh.len() as u64;
+                state.last_delivery_ns = Some(now.mono_ns);
+                let output = state.tokens_output(req.id, fresh);
+                out.push(&state.owner.clone(), output);
+            }
+        }
+    }
+}
+
+/// An output with no tokens yet (to be finalized).
+fn empty_output(id: RequestId) -> RequestOutput {
+    RequestOutput {
+        id,
+        first_index: 0,
+        tokens: Vec::new(),
+        finish: None,
+        usage: None,
+        speculate_metrics: None,
+        error: None,
+    }
+}
+
+/// Rebuilds figures from a resync's `(drafted, accepted)` history; None if it is inconsistent.
+fn figures_from_history(k: usize, drafted: &[u8], accepted: &[u8]) -> Option<Figures> {
+    if drafted.len() != accepted.len() {
+        return None;
+    }
+    let mut figures = Figures::new(k);
+    for (&d, &a) in drafted.iter().zip(accepted) {
+        if a > d || usize::from(d) > k {
+            return None;
+        }
+        figures.record(d, a);
+    }
+    Some(figures)
+}

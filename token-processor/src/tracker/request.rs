@@ -1,0 +1,77 @@
+//! One in-flight request: who owns it, what was delivered, and its figures. Fixed size plus the
+//! O(K) figures; no per-step history.
+
+use std::sync::Arc;
+
+use proto::tp_api::{OutputError, OutputErrorKind, RequestOutput, Usage};
+use proto::{FinishReason, RequestId};
+
+use super::{Clock, Figures};
+
+#[derive(Debug)]
+pub struct RequestState {
+    pub owner: Arc<str>,
+    pub prompt_tokens: u32,
+    pub arrival_unix_ms: u64,
+    pub prefilled: bool,
+    /// Tokens forwarded to the owner so far (the next output's `first_index`).
+    pub delivered: u32,
+    /// Monotonic time of the last delivery, for inter-token latency; None before the first.
+    pub last_delivery_ns: Option<u64>,
+    pub figures: Figures,
+}
+
+impl RequestState {
+    pub fn new(owner: Arc<str>, prompt_tokens: u32, arrival_unix_ms: u64, k: usize) -> Self {
+        Self {
+            owner,
+            prompt_tokens,
+            arrival_unix_ms,
+            prefilled: false,
+            delivered: 0,
+            last_delivery_ns: None,
+            figures: Figures::new(k),
+        }
+    }
+
+    /// Seconds since the request arrived at its api-server; None when the arrival time is
+    /// unknown (0) or lies in the future (clocks disagree).
+    pub fn age_s(&self, now: Clock) -> Option<f64> {
+        if self.arrival_unix_ms == 0 || now.unix_ms < self.arrival_unix_ms {
+            return None;
+        }
+        Some((now.unix_ms - self.arrival_unix_ms) as f64 / 1e3)
+    }
+
+    /// An output carrying `tokens`, the next in the request's stream.
+    pub fn tokens_output(&mut self, id: RequestId, tokens: Vec<u32>) -> RequestOutput {
+        let first_index = self.delivered;
+        self.delivered = self.delivered.saturating_add(tokens.len() as u32);
+        RequestOutput {
+            id,
+            first_index,
+            tokens,
+            finish: None,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+        }
+    }
+
+    /// Turns `output` into the request's final one: finish reason, usage, figures, error.
+    pub fn finalize(
+        &self,
+        output: &mut RequestOutput,
+        finish: FinishReason,
+        error: Option<(OutputErrorKind, String)>,
+        speculating: bool,
+    ) {
+        output.finish = Some(finish);
+        output.usage = Some(Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.delivered,
+        });
+        output.speculate_metrics = speculating.then(|| self.figures.speculate_metrics());
+        output.error = error.map(|(kind, message)| OutputError { kind, message });
+    }
+}

@@ -1,0 +1,463 @@
+//! The real `token-processor` binary on free loopback ports, driven over real ZeroMQ by a fake
+//! engine-worker and two fake api-servers: `/health` before and after the worker's hello,
+//! per-owner forwarding, `/metrics` (checked by `promtool` when installed), heartbeat loss, and
+//! SIGTERM.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::api_worker::ApiHello;
+use proto::tp_api::{ApiToTp, OutputErrorKind, RequestOutput, TpToApi};
+use proto::worker_tp::{
+    Heartbeat, RequestStart, Resync, StepBatch, StepRow, WorkerHello, WorkerToTp,
+};
+use proto::FinishReason;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zeromq::{DealerSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const WORKER: &str = "w-test";
+const HEARTBEAT_MS: u32 = 200;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the child if the test fails midway.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Polls `/health` until it answers `want` (or fails the test after `within`).
+async fn wait_health(port: u16, want: u16, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some((status, body)) = http_get(port, "/health").await {
+            if status == want {
+                return body;
+            }
+        }
+        assert!(Instant::now() < deadline, "/health never answered {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn send(socket: &mut impl SocketSend, msg: &impl serde::Serialize) {
+    socket
+        .send(ZmqMessage::from(proto::encode(msg).unwrap()))
+        .await
+        .unwrap();
+}
+
+/// The next `Outputs` message api-server `name` receives (skipping the TP's hellos), sending its
+/// heartbeat every 100 ms meanwhile as a real api-server does.
+async fn next_outputs(api: &mut DealerSocket, name: &str) -> Vec<RequestOutput> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no outputs for {name} within 5 s"
+        );
+        send(
+            api,
+            &ApiToTp::Heartbeat {
+                api_server_id: name.into(),
+                epoch: 1,
+            },
+        )
+        .await;
+        let Ok(msg) = tokio::time::timeout(Duration::from_millis(100), api.recv()).await else {
+            continue;
+        };
+        match proto::decode::<TpToApi>(msg.unwrap().get(0).unwrap()).unwrap() {
+            TpToApi::Outputs(outputs) => return outputs,
+            TpToApi::Hello(_) => continue,
+        }
+    }
+}
+
+async fn fake_api_server(endpoint: &str, name: &str) -> DealerSocket {
+    let mut api = DealerSocket::new();
+    api.connect(endpoint).await.unwrap();
+    send(
+        &mut api,
+        &ApiToTp::Hello(ApiHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            api_server_id: name.into(),
+            epoch: 1,
+        }),
+    )
+    .await;
+    let msg = tokio::time::timeout(Duration::from_secs(5), api.recv())
+        .await
+        .expect("TP hello")
+        .unwrap();
+    assert!(matches!(
+        proto::decode::<TpToApi>(msg.get(0).unwrap()).unwrap(),
+        TpToApi::Hello(_)
+    ));
+    api
+}
+
+/// One row: id, tokens, drafted, accepted, prefill, finish.
+type Row<'a> = (u64, &'a [u32], u8, u8, bool, Option<FinishReason>);
+
+fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
+    let mut b = StepBatch::new(WORKER.into(), 1, seq);
+    for &(id, tokens, d, a, prefill, finish) in rows {
+        if let Some(&(_, owner)) = starts.iter().find(|s| s.0 == id) {
+            b.starts.push(RequestStart {
+                row: b.len() as u32,
+                owner: owner.into(),
+                prompt_tokens: 5,
+                arrival_unix_ms: 0,
+            });
+        }
+        b.push(StepRow {
+            id,
+            tokens,
+            drafted: d,
+            accepted: a,
+            prefill,
+            preempted: false,
+            finish,
+        });
+    }
+    WorkerToTp::Step(b)
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .unwrap_or_else(|| panic!("series {series} missing from:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_tracks_forwards_exports_and_shuts_down() {
+    let (ingest_port, api_port, http_port) = (free_port(), free_port(), free_port());
+    let ingest = format!("tcp://127.0.0.1:{ingest_port}");
+    let api_endpoint = format!("tcp://127.0.0.1:{api_port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_token-processor"))
+        .args([
+            "--ingest-endpoint",
+            &ingest,
+            "--api-endpoint",
+            &api_endpoint,
+        ])
+        .args([
+            "--metrics-port",
+            &http_port.to_string(),
+            "--max-spec-tokens",
+            "4",
+            "--heartbeat-interval-ms",
+            "100",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn token-processor");
+    let mut guard = Guard(child);
+
+    // Before any worker: serving, but not healthy.
+    let body = wait_health(http_port, 503, Duration::from_secs(20)).await;
+    assert!(body.contains("no engine-worker"), "{body}");
+    let (status, text) = http_get(http_port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("specula_spec_decode_num_steps_total 0"),
+        "counters exported at 0 from startup:\n{text}"
+    );
+
+    let mut api_a = fake_api_server(&api_endpoint, "api-a").await;
+    let mut api_b = fake_api_server(&api_endpoint, "api-b").await;
+
+    let mut worker = PushSocket::new();
+    worker.connect(&ingest).await.unwrap();
+    let hello = WorkerHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: WORKER.into(),
+        epoch: 1,
+        model: "smol".into(),
+        num_spec_tokens: 4,
+        proposer: "ngram".into(),
+        ready: true,
+        heartbeat_interval_ms: HEARTBEAT_MS,
+    };
+    send(&mut worker, &WorkerToTp::Hello(hello)).await;
+    send(
+        &mut worker,
+        &WorkerToTp::Resync(Resync {
+            worker_id: WORKER.into(),
+            epoch: 1,
+            next_seq: 0,
+            requests: vec![],
+        }),
+    )
+    .await;
+    wait_health(http_port, 200, Duration::from_secs(5)).await;
+
+    // Request 1 (api-a) and 2 (api-b): prefill, two verification steps, finish.
+    send(
+        &mut worker,
+        &batch(
+            0,
+            &[(1, &[10], 0, 0, true, None), (2, &[20], 0, 0, true, None)],
+            &[(1, "api-a"), (2, "api-b")],
+        ),
+    )
+    .await;
+    send(
+        &mut worker,
+        &batch(
+            1,
+            &[
+                (1, &[11, 12, 13], 4, 2, false, None),
+                (2, &[21], 3, 0, false, None),
+            ],
+            &[],
+        ),
+    )
+    .await;
+    send(
+        &mut worker,
+        &batch(
+            2,
+            &[
+                (
+                    1,
+                    &[14, 15, 16, 17, 18],
+                    4,
+                    4,
+                    false,
+                    Some(FinishReason::Stop),
+                ),
+                (2, &[22, 23], 4, 1, false, Some(FinishReason::Length)),
+            ],
+            &[],
+        ),
+    )
+    .await;
+
+    let mut got_a = Vec::new();
+    while got_a
+        .last()
+        .is_none_or(|o: &RequestOutput| o.finish.is_none())
+    {
+        got_a.extend(next_outputs(&mut api_a, "api-a").await);
+    }
+    let mut got_b = Vec::new();
+    while got_b
+        .last()
+        .is_none_or(|o: &RequestOutput| o.finish.is_none())
+    {
+        got_b.extend(next_outputs(&mut api_b, "api-b").await);
+    }
+    assert!(
+        got_a.iter().all(|o| o.id == 1),
+        "api-a got only its own request"
+    );
+    assert!(
+        got_b.iter().all(|o| o.id == 2),
+        "api-b got only its own request"
+    );
+    let tokens_a: Vec<u32> = got_a.iter().flat_map(|o| o.tokens.clone()).collect();
+    assert_eq!(tokens_a, vec![10, 11, 12, 13, 14, 15, 16, 17, 18]);
+    let fin_a = got_a.last().unwrap();
+    assert_eq!(fin_a.finish, Some(FinishReason::Stop));
+    assert_eq!(fin_a.usage.as_ref().unwrap().completion_tokens, 9);
+    let m = fin_a.speculate_metrics.as_ref().unwrap();
+    assert_eq!(
+        (m.num_steps, m.accepted_tokens, m.rejected_tokens),
+        (2, 8, 2)
+    );
+    assert_eq!(m.accept_length_histogram, vec![0, 0, 1, 0, 1]);
+
+    // The aggregate counters: steps (4,2) (4,4) (3,0) (4,1).
+    let (status, text) = http_get(http_port, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    let labels = format!("{{model=\"smol\",worker=\"{WORKER}\"}}");
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_steps_total{labels}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_drafts_total{labels}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_draft_tokens_total{labels}")
+        ),
+        15.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_accepted_tokens_total{labels}")
+        ),
+        7.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_emitted_tokens_total{labels}")
+        ),
+        11.0
+    );
+    let pos = |i: usize| {
+        format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",position=\"{i}\"}}")
+    };
+    assert_eq!(
+        [0, 1, 2, 3].map(|i| metric(&text, &pos(i))),
+        [3.0, 2.0, 1.0, 1.0]
+    );
+    let bucket = |le: &str| {
+        format!("specula_spec_decode_accepted_drafts_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",le=\"{le}\"}}")
+    };
+    assert_eq!(
+        ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &bucket(le))),
+        [1.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_requests_finished_stop_total{labels}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_requests_finished_length_total{labels}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&text, &format!("specula_generation_tokens_total{labels}")),
+        13.0
+    );
+    assert_eq!(
+        metric(&text, &format!("specula_prompt_tokens_total{labels}")),
+        10.0
+    );
+    assert_eq!(metric(&text, "specula_workers_connected"), 1.0);
+    assert!(text.contains("specula_time_to_first_token_seconds_bucket"));
+    assert!(text.contains("specula_step_batch_processing_seconds_count"));
+    promtool_check(&text);
+
+    // A third request, then the worker falls silent: it fails as WorkerLost, health goes 503.
+    send(
+        &mut worker,
+        &batch(3, &[(3, &[30], 0, 0, true, None)], &[(3, "api-a")]),
+    )
+    .await;
+    let first = next_outputs(&mut api_a, "api-a").await;
+    assert_eq!(first[0].id, 3);
+    let hb = Heartbeat {
+        worker_id: WORKER.into(),
+        epoch: 1,
+        next_seq: 4,
+        running: 1,
+        waiting: 0,
+        accepting: true,
+    };
+    send(&mut worker, &WorkerToTp::Heartbeat(hb)).await;
+    let lost = next_outputs(&mut api_a, "api-a").await;
+    assert_eq!(lost[0].id, 3);
+    assert_eq!(lost[0].finish, Some(FinishReason::Error));
+    assert_eq!(
+        lost[0].error.as_ref().unwrap().kind,
+        OutputErrorKind::WorkerLost
+    );
+    let body = wait_health(http_port, 503, Duration::from_secs(5)).await;
+    assert!(body.contains("no engine-worker"), "{body}");
+
+    // SIGTERM: exits 0 within the bound.
+    let pid = guard.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "token-processor did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+}
+
+/// `promtool check metrics` on a real scrape; required whenever promtool is installed
+/// (`scripts/install-test-deps.sh` installs it).
+fn promtool_check(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("promtool not installed; skipping `promtool check metrics` (run scripts/install-test-deps.sh)");
+        return;
+    };
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
