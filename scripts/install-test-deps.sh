@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # System packages some tests use; idempotent (does nothing when everything is present).
-# - promtool (Debian's `prometheus` package): the token-processor's process test runs
-#   `promtool check metrics` on a real /metrics scrape whenever promtool is installed.
+# - Debian's `prometheus` package: `promtool check metrics` on a real /metrics scrape, and a real
+#   Prometheus server scraping a running stack (tests/prometheus_scrape.rs).
+# - systemd-analyze (Debian's `systemd`): `systemd-analyze verify` on scripts/systemd units.
 set -euo pipefail
 
-if ! command -v promtool >/dev/null 2>&1; then
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   else
     echo "install-test-deps: no apt-get; install promtool (prometheus) yourself" >&2
   fi

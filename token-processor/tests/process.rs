@@ -433,8 +433,9 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     assert!(status.success(), "exit status {status}");
 }
 
-/// `promtool check metrics` on a real scrape; required whenever promtool is installed
-/// (`scripts/install-test-deps.sh` installs it).
+/// `promtool check metrics` on a real scrape. Skipped only outside the README's test command
+/// (which runs `scripts/install-test-deps.sh`, and sets SPECULA_REQUIRE_TOOLS=1 so a missing
+/// promtool fails the test instead).
 fn promtool_check(text: &str) {
     let Ok(mut child) = Command::new("promtool")
         .args(["check", "metrics"])
@@ -443,6 +444,10 @@ fn promtool_check(text: &str) {
         .stderr(Stdio::piped())
         .spawn()
     else {
+        assert!(
+            std::env::var_os("SPECULA_REQUIRE_TOOLS").is_none(),
+            "promtool not installed (scripts/install-test-deps.sh installs it)"
+        );
         eprintln!("promtool not installed; skipping `promtool check metrics` (run scripts/install-test-deps.sh)");
         return;
     };
