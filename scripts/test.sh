@@ -22,4 +22,4 @@ export SPECULA_REQUIRE_TOOLS=1
 cargo build --workspace --bins
 cargo test --workspace "$@"
 # The CUDA kernels compile with NVRTC (no GPU needed; fails if libnvrtc is missing).
-cargo test -p engine-worker --features cuda nvrtc "$@"
+cargo test -p engine-worker --features cuda --test cuda_nvrtc nvrtc
