@@ -105,24 +105,24 @@ async fn promql_increase_equals_sum_of_request_figures() {
     // Wait until Prometheus holds a sample with the final value, then evaluate increase() at
     // exactly that sample's timestamp: no extrapolation past the last sample, and none before
     // the first (the counter starts at 0).
-    let mut at = 0.0;
-    wait_until(Duration::from_secs(60), "a scrape of the final value", || async {
-        let r = prom.query(&http, &format!("sum({counter})"), None).await;
-        match r.first() {
-            Some(s) if s["value"][1].as_str().unwrap().parse::<f64>().unwrap() == direct => {
-                at = s["value"][0].as_f64().unwrap();
-                true
-            }
-            _ => false,
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let last_ts = loop {
+        // Every raw sample of the last 10 minutes, per label set; the newest one per series.
+        let raw = prom.query(&http, &format!("{counter}[10m]"), None).await;
+        let newest: Vec<(f64, f64)> = raw
+            .iter()
+            .filter_map(|s| {
+                let v = s["values"].as_array()?.last()?;
+                Some((v[0].as_f64()?, v[1].as_str()?.parse::<f64>().ok()?))
+            })
+            .collect();
+        let total: f64 = newest.iter().map(|(_, v)| v).sum();
+        if total == direct {
+            break newest.iter().map(|(t, _)| *t).fold(0.0, f64::max);
         }
-    })
-    .await;
-    // The instant query's timestamp is the evaluation time; find the last real sample.
-    let raw = prom.query(&http, &format!("{counter}[10m]"), Some(at)).await;
-    let last_ts = raw
-        .iter()
-        .filter_map(|s| s["values"].as_array()?.last()?[0].as_f64())
-        .fold(0.0, f64::max);
+        assert!(std::time::Instant::now() < deadline, "Prometheus never scraped the final value");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let inc = prom.query(&http, &format!("sum(increase({counter}[10m]))"), Some(last_ts)).await;
     let value: f64 = inc[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert!(

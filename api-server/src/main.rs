@@ -1,1 +1,195 @@
-fn main() {}
+//! api-server: specula's OpenAI-compatible HTTP front end (see the crate docs).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use api_server::auth::ApiKey;
+use api_server::engine::{EngineClient, EngineConfig};
+use api_server::model::ModelAssets;
+use api_server::openai::validate::Limits;
+use api_server::routes::{router, AppState};
+use clap::Parser;
+
+/// OpenAI-compatible API for specula: completions and chat with per-request speculative
+/// decoding figures.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SPECULA_API_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// HTTP port.
+    #[arg(long, env = "SPECULA_API_PORT", default_value_t = 8000)]
+    port: u16,
+    /// The model: a GGUF file or an HF directory (tokenizer.json + tokenizer_config.json).
+    #[arg(long, env = "SPECULA_MODEL", default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// Name clients use in `model` (default: the model file's name without `.gguf` and
+    /// quantization tag; the --model argument as given is accepted too, as vLLM does).
+    #[arg(long, env = "SPECULA_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Engine-worker endpoints (their ROUTER sockets), comma-separated.
+    #[arg(
+        long,
+        env = "SPECULA_WORKER_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "tcp://127.0.0.1:5555"
+    )]
+    worker_endpoints: Vec<String>,
+    /// The token-processor's endpoint for api-servers (its ROUTER socket).
+    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value = "tcp://127.0.0.1:5557")]
+    tp_endpoint: String,
+    /// Require `Authorization: Bearer <key>` on every route but /health.
+    #[arg(long, env = "SPECULA_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Context length (prompt + completion); defaults to the model's.
+    #[arg(long, env = "SPECULA_MAX_MODEL_LEN")]
+    max_model_len: Option<u32>,
+    /// Upper bound on any request's duration; past it the request is aborted with an error.
+    #[arg(long, env = "SPECULA_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
+    request_timeout_secs: u64,
+    /// This api-server's stable name; workers and the token-processor route its outputs by it
+    /// (default: `api-<port>`, unique per host).
+    #[arg(long, env = "SPECULA_API_SERVER_ID")]
+    api_server_id: Option<String>,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "SPECULA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// On SIGTERM, how long in-flight requests may run before the server exits anyway.
+    #[arg(long, env = "SPECULA_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    shutdown_grace_secs: u64,
+    /// Emit logs as JSON lines.
+    #[arg(long, env = "SPECULA_LOG_JSON")]
+    log_json: bool,
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let result = runtime.block_on(run(args));
+    // Background socket tasks may still be parked in connects; don't wait on them.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    if args.worker_endpoints.is_empty() {
+        anyhow::bail!("--worker-endpoints must name at least one engine-worker");
+    }
+
+    let model = ModelAssets::load(&args.model)
+        .with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
+    let max_model_len = match (args.max_model_len, model.context_length) {
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => anyhow::bail!("the model states no context length; pass --max-model-len"),
+    };
+    tracing::info!(
+        model = %args.model.display(),
+        vocab = model.tokenizer.vocab_size(),
+        max_model_len,
+        chat_template = model.chat_template.is_some(),
+        "tokenizer loaded"
+    );
+
+    let api_server_id = args.api_server_id.clone().unwrap_or_else(|| format!("api-{}", args.port));
+    let engine = EngineClient::start(EngineConfig::new(
+        args.worker_endpoints.clone(),
+        args.tp_endpoint.clone(),
+        api_server_id.clone(),
+    ));
+    let model_root = args.model.display().to_string();
+    let served_model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| api_server::model::default_served_name(&args.model));
+    let model_names = api_server::model::model_aliases(&served_model_name, &args.model);
+    let state = AppState {
+        model: Arc::new(model),
+        served_model_name: served_model_name.into(),
+        model_names: model_names.into(),
+        model_root: model_root.into(),
+        limits: Arc::new(Limits::new(max_model_len)),
+        engine: engine.clone(),
+        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+        max_body_bytes: args.max_body_bytes,
+        started_unix: api_server::openai::responses::unix_now(),
+    };
+    let app = router(state, ApiKey(args.api_key.clone().map(Into::into)));
+
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    tracing::info!(
+        %addr,
+        %api_server_id,
+        workers = args.worker_endpoints.len(),
+        tp = %args.tp_endpoint,
+        "listening"
+    );
+    tokio::spawn(api_server::notify::run(engine.clone()));
+
+    let (signalled_tx, signalled_rx) = tokio::sync::watch::channel(false);
+    let drain_engine = engine.clone();
+    let graceful = async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested; draining in-flight requests");
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        drain_engine.stop_accepting();
+        let _ = signalled_tx.send(true);
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let mut signalled = signalled_rx;
+    let deadline = async move {
+        let _ = signalled.wait_for(|s| *s).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = server => result.context("HTTP server failed")?,
+        _ = deadline => tracing::warn!(in_flight = engine.in_flight(), "grace period over; exiting"),
+    }
+    engine.shutdown(Duration::from_secs(2)).await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -15,6 +15,7 @@ pub mod error;
 pub mod forward;
 pub mod http;
 pub mod ingest;
+pub mod ipc;
 pub mod metrics;
 pub mod replay;
 pub mod synth;

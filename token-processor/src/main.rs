@@ -123,6 +123,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let prometheus =
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
 
+    for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
+        token_processor::ipc::clear_stale_socket(endpoint)
+            .with_context(|| format!("preparing {endpoint}"))?;
+    }
     let mut pull = PullSocket::new();
     pull.bind(&args.ingest_endpoint)
         .await

@@ -1,0 +1,403 @@
+//! [`EngineClient`]: submits engine requests to the least-loaded live worker, hands each route a
+//! [`RequestHandle`] that yields the request's outputs and aborts it when dropped, and fails
+//! in-flight requests when their worker or the token-processor is declared dead.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use proto::api_worker::{
+    Abort, AddRequest, ApiToWorker, SamplingParams, StopConditions, WorkerToApi,
+};
+use proto::tp_api::TpToApi;
+use proto::RequestId;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::ids::IdAllocator;
+use super::peers::{least_loaded, TpPeer, WorkerPeer};
+use super::registry::{Dispatch, Registry, REQUEST_CHANNEL_CAPACITY};
+use super::{links, EngineConfig, EngineEvent, EngineFailure};
+use crate::error::ApiError;
+
+/// Frames queued per worker link (requests and aborts) while it sends or reconnects.
+const WORKER_QUEUE: usize = 4096;
+/// How often liveness is checked.
+const WATCHDOG_PERIOD: Duration = Duration::from_millis(100);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent data (no multi-step updates
+    // span a panic point), so poisoning is not fatal.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct Shared {
+    pub config: EngineConfig,
+    /// Changes on every process start.
+    pub epoch: u64,
+    ids: IdAllocator,
+    registry: Mutex<Registry>,
+    workers: Mutex<Vec<WorkerPeer>>,
+    tp: Mutex<TpPeer>,
+    worker_tx: Vec<mpsc::Sender<ApiToWorker>>,
+    accepting: AtomicBool,
+    watchdog_ticks: AtomicU64,
+}
+
+impl Shared {
+    fn send_abort(&self, worker: usize, id: RequestId) {
+        if let Some(tx) = self.worker_tx.get(worker) {
+            // A full queue means the link is down; the worker drops our requests on its own
+            // when it stops hearing from us.
+            let _ = tx.try_send(ApiToWorker::Abort(Abort { id }));
+        }
+    }
+
+    pub(crate) fn set_worker_connected(&self, worker: usize, connected: bool) {
+        if let Some(w) = lock(&self.workers).get_mut(worker) {
+            w.connected = connected;
+        }
+    }
+
+    pub(crate) fn set_tp_connected(&self, connected: bool) {
+        lock(&self.tp).connected = connected;
+    }
+
+    pub(crate) fn on_worker_frame(&self, worker: usize, frame: &[u8]) {
+        let msg = match proto::decode::<WorkerToApi>(frame) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(worker, error = %e, "undecodable frame from engine-worker");
+                return;
+            }
+        };
+        let now = Instant::now();
+        match msg {
+            WorkerToApi::Hello(hello) => {
+                if let Err(e) = proto::check_version(&hello.worker_id, hello.protocol_version) {
+                    tracing::error!(worker, error = %e, "engine-worker speaks another protocol");
+                    return;
+                }
+                tracing::info!(
+                    worker, worker_id = %hello.worker_id, epoch = hello.epoch,
+                    num_spec_tokens = hello.num_spec_tokens, ready = hello.ready,
+                    "engine-worker said hello"
+                );
+                let restarted = lock(&self.workers)[worker].on_hello(hello, now);
+                if restarted {
+                    let lost =
+                        lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
+                    tracing::warn!(worker, requests = lost.len(), "engine-worker restarted");
+                }
+            }
+            WorkerToApi::Heartbeat(hb) => lock(&self.workers)[worker].on_heartbeat(&hb, now),
+            WorkerToApi::Rejected { id, reason } => {
+                tracing::debug!(request_id = id, ?reason, "engine-worker rejected request");
+                lock(&self.registry).fail(id, EngineFailure::Rejected(reason));
+            }
+        }
+    }
+
+    pub(crate) fn on_tp_frame(&self, frame: &[u8]) {
+        let msg = match proto::decode::<TpToApi>(frame) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable frame from token-processor");
+                return;
+            }
+        };
+        match msg {
+            TpToApi::Hello(hello) => {
+                if let Err(e) = proto::check_version("token-processor", hello.protocol_version) {
+                    tracing::error!(error = %e, "token-processor speaks another protocol");
+                    return;
+                }
+                let mut tp = lock(&self.tp);
+                if !tp.alive || tp.hello.as_ref().is_some_and(|h| h.epoch != hello.epoch) {
+                    tracing::info!(epoch = hello.epoch, "token-processor said hello");
+                }
+                tp.on_hello(hello, Instant::now());
+            }
+            TpToApi::Outputs(outputs) => {
+                {
+                    let mut tp = lock(&self.tp);
+                    if tp.alive {
+                        tp.last_heard = Some(Instant::now());
+                    }
+                }
+                let mut dropped = Vec::new();
+                {
+                    let mut registry = lock(&self.registry);
+                    for out in outputs {
+                        let id = out.id;
+                        if let Dispatch::Dropped { worker } = registry.dispatch(out) {
+                            dropped.push((worker, id));
+                        }
+                    }
+                }
+                if !dropped.is_empty() {
+                    tracing::warn!(
+                        requests = dropped.len(),
+                        "readers fell behind; requests aborted"
+                    );
+                }
+                for (worker, id) in dropped {
+                    tracing::debug!(request_id = id, "reader fell behind; aborting");
+                    self.send_abort(worker, id);
+                }
+            }
+        }
+    }
+
+    /// One liveness pass: declares silent peers dead and fails their requests.
+    fn check_liveness(&self) {
+        let now = Instant::now();
+        let dead: Vec<usize> = lock(&self.workers)
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, w)| w.check_liveness(now).then_some(i))
+            .collect();
+        for worker in dead {
+            let lost = lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
+            tracing::warn!(worker, requests = lost.len(), "engine-worker declared dead");
+        }
+        if lock(&self.tp).check_liveness(now) {
+            let lost = lock(&self.registry).fail_all(None, EngineFailure::TokenProcessorLost);
+            tracing::warn!(requests = lost.len(), "token-processor declared dead");
+            // Their outputs can no longer reach us: stop the work.
+            for (id, worker) in lost {
+                self.send_abort(worker, id);
+            }
+        }
+        self.watchdog_ticks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One engine request to submit.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopConditions,
+    pub max_tokens: u32,
+}
+
+/// Cheap to clone; every clone talks to the same links.
+#[derive(Clone)]
+pub struct EngineClient {
+    shared: Arc<Shared>,
+    shutdown: Arc<watch::Sender<bool>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl EngineClient {
+    /// Starts the links and the liveness watchdog on the current tokio runtime.
+    pub fn start(config: EngineConfig) -> Self {
+        let mut worker_tx = Vec::new();
+        let mut worker_rx = Vec::new();
+        for _ in &config.worker_endpoints {
+            let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+            worker_tx.push(tx);
+            worker_rx.push(rx);
+        }
+        let shared = Arc::new(Shared {
+            epoch: rand::random::<u64>() >> 1,
+            ids: IdAllocator::random(),
+            registry: Mutex::new(Registry::new(
+                config.worker_endpoints.len(),
+                config.max_in_flight,
+            )),
+            workers: Mutex::new(
+                config.worker_endpoints.iter().cloned().map(WorkerPeer::new).collect(),
+            ),
+            tp: Mutex::new(TpPeer::new(config.heartbeat_interval)),
+            worker_tx,
+            accepting: AtomicBool::new(true),
+            watchdog_ticks: AtomicU64::new(0),
+            config,
+        });
+        let (shutdown, _) = watch::channel(false);
+        let mut tasks = Vec::new();
+        for (i, rx) in worker_rx.into_iter().enumerate() {
+            let endpoint = shared.config.worker_endpoints[i].clone();
+            tasks.push(tokio::spawn(links::run_worker_link(
+                Arc::clone(&shared),
+                i,
+                endpoint,
+                rx,
+                shutdown.subscribe(),
+            )));
+        }
+        tasks.push(tokio::spawn(links::run_tp_link(Arc::clone(&shared), shutdown.subscribe())));
+        let watchdog_shared = Arc::clone(&shared);
+        let mut stop = shutdown.subscribe();
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(WATCHDOG_PERIOD);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => watchdog_shared.check_liveness(),
+                    _ = stop.changed() => break,
+                }
+            }
+        }));
+        Self { shared, shutdown: Arc::new(shutdown), tasks: Arc::new(Mutex::new(tasks)) }
+    }
+
+    /// `Ok` when requests can be served now; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.shared.accepting.load(Ordering::Relaxed) {
+            return Err("shutting down".into());
+        }
+        if !lock(&self.shared.tp).alive {
+            return Err("token-processor has not said hello recently".into());
+        }
+        let workers = lock(&self.shared.workers);
+        if !workers.iter().any(WorkerPeer::routable) {
+            let alive = workers.iter().filter(|w| w.alive).count();
+            return Err(format!(
+                "no live engine-worker accepts requests ({alive} of {} alive)",
+                workers.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Liveness passes so far; a watchdog notifier checks it moves.
+    pub fn watchdog_ticks(&self) -> u64 {
+        self.shared.watchdog_ticks.load(Ordering::Relaxed)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        lock(&self.shared.registry).len()
+    }
+
+    /// Stops taking new requests (in-flight ones go on).
+    pub fn stop_accepting(&self) {
+        self.shared.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends every in-flight request, closes the links and waits (bounded) for their tasks.
+    pub async fn shutdown(&self, wait: Duration) {
+        self.stop_accepting();
+        let lost = lock(&self.shared.registry).fail_all(None, EngineFailure::ShuttingDown);
+        for (id, worker) in lost {
+            self.shared.send_abort(worker, id);
+        }
+        let _ = self.shutdown.send(true);
+        let tasks: Vec<_> = std::mem::take(&mut *lock(&self.tasks));
+        let _ = tokio::time::timeout(wait, futures::future::join_all(tasks)).await;
+    }
+
+    /// Sends one engine request to the least-loaded live worker.
+    pub fn submit(&self, request: SubmitRequest) -> Result<RequestHandle, ApiError> {
+        let shared = &self.shared;
+        if !shared.accepting.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if !lock(&shared.tp).alive {
+            return Err(ApiError::unavailable("the token processor is not available"));
+        }
+        let id = shared.ids.next();
+        let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
+        let (worker, speculative) = {
+            let mut registry = lock(&shared.registry);
+            let workers = lock(&shared.workers);
+            let worker = least_loaded(&workers, |i| registry.in_flight_on(i))
+                .ok_or_else(|| ApiError::unavailable("no engine worker is available"))?;
+            if !registry.insert(id, worker, tx) {
+                return Err(ApiError::Overloaded {
+                    message: "too many requests in flight; retry later".into(),
+                });
+            }
+            let k = workers[worker].hello.as_ref().map_or(0, |h| h.num_spec_tokens);
+            (worker, k > 0)
+        };
+        let add = AddRequest {
+            id,
+            prompt_token_ids: request.prompt_token_ids,
+            sampling: request.sampling,
+            stop: request.stop,
+            max_tokens: request.max_tokens,
+            arrival_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            owner: shared.config.api_server_id.clone(),
+        };
+        if shared.worker_tx[worker].try_send(ApiToWorker::Add(add)).is_err() {
+            lock(&shared.registry).remove(id);
+            return Err(ApiError::Overloaded {
+                message: "the engine queue is full; retry later".into(),
+            });
+        }
+        tracing::debug!(request_id = id, worker, "engine request submitted");
+        Ok(RequestHandle {
+            id,
+            worker,
+            rx,
+            shared: Arc::clone(shared),
+            done: false,
+            abort_sent: false,
+            speculative,
+        })
+    }
+}
+
+/// One engine request as a route sees it. Dropping it before the request finished aborts the
+/// request at its worker (client disconnect, timeout, error elsewhere).
+pub struct RequestHandle {
+    id: RequestId,
+    worker: usize,
+    rx: mpsc::Receiver<EngineEvent>,
+    shared: Arc<Shared>,
+    done: bool,
+    abort_sent: bool,
+    /// The worker speculates (K > 0); otherwise `speculate_metrics` is null.
+    pub speculative: bool,
+}
+
+impl RequestHandle {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Next event; after a `Finished` or `Failed` the handle is done.
+    pub async fn next(&mut self) -> EngineEvent {
+        if self.done {
+            return EngineEvent::Failed(EngineFailure::Dropped);
+        }
+        let event = match self.rx.recv().await {
+            Some(event) => event,
+            None => EngineEvent::Failed(EngineFailure::Dropped),
+        };
+        if !matches!(event, EngineEvent::Tokens(_)) {
+            self.done = true;
+            // Gone already unless the channel closed under us.
+            if let Some(worker) = lock(&self.shared.registry).remove(self.id) {
+                self.shared.send_abort(worker, self.id);
+            }
+        }
+        event
+    }
+
+    /// Asks the worker to stop generating but keeps listening for the final output (which
+    /// carries the figures of the steps that ran).
+    pub fn request_abort(&mut self) {
+        if !self.done && !self.abort_sent {
+            self.abort_sent = true;
+            self.shared.send_abort(self.worker, self.id);
+        }
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if lock(&self.shared.registry).remove(self.id).is_some() {
+            tracing::debug!(request_id = self.id, "engine request abandoned; aborting");
+            self.shared.send_abort(self.worker, self.id);
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The ZeroMQ links: one DEALER per engine-worker and one to the token-processor. The zeromq
+//! crate does not reconnect DEALER sockets, so each link owns its loop: connect (with backoff),
+//! say hello, then send queued frames and heartbeats and hand received frames to [`Shared`]
+//! until the peer disconnects; then start over with a fresh socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use proto::api_worker::{ApiHello, ApiToWorker};
+use proto::tp_api::ApiToTp;
+use tokio::sync::{mpsc, watch};
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
+};
+
+use super::client::Shared;
+
+const BACKOFF_START: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// One connect attempt; the loop retries after it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on one send, so a stuck peer cannot stall the link.
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug)]
+enum Peer {
+    Worker(usize),
+    TokenProcessor,
+}
+
+impl Peer {
+    fn hello(self, shared: &Shared) -> Vec<u8> {
+        let hello = ApiHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            api_server_id: shared.config.api_server_id.clone(),
+            epoch: shared.epoch,
+        };
+        let frame = match self {
+            Peer::Worker(_) => proto::encode(&ApiToWorker::Hello(hello)),
+            Peer::TokenProcessor => proto::encode(&ApiToTp::Hello(hello)),
+        };
+        frame.unwrap_or_default()
+    }
+
+    fn heartbeat(self, shared: &Shared) -> Vec<u8> {
+        let api_server_id = shared.config.api_server_id.clone();
+        let epoch = shared.epoch;
+        let frame = match self {
+            Peer::Worker(_) => proto::encode(&ApiToWorker::Heartbeat { api_server_id, epoch }),
+            Peer::TokenProcessor => proto::encode(&ApiToTp::Heartbeat { api_server_id, epoch }),
+        };
+        frame.unwrap_or_default()
+    }
+
+    fn set_connected(self, shared: &Shared, connected: bool) {
+        match self {
+            Peer::Worker(i) => shared.set_worker_connected(i, connected),
+            Peer::TokenProcessor => shared.set_tp_connected(connected),
+        }
+    }
+
+    fn on_frame(self, shared: &Shared, frame: &[u8]) {
+        match self {
+            Peer::Worker(i) => shared.on_worker_frame(i, frame),
+            Peer::TokenProcessor => shared.on_tp_frame(frame),
+        }
+    }
+}
+
+pub(crate) async fn run_worker_link(
+    shared: Arc<Shared>,
+    index: usize,
+    endpoint: String,
+    outbound: mpsc::Receiver<ApiToWorker>,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_link(shared, Peer::Worker(index), endpoint, Some(outbound), shutdown).await;
+}
+
+pub(crate) async fn run_tp_link(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {
+    let endpoint = shared.config.tp_endpoint.clone();
+    run_link(shared, Peer::TokenProcessor, endpoint, None, shutdown).await;
+}
+
+async fn next_outbound(rx: &mut Option<mpsc::Receiver<ApiToWorker>>) -> Option<ApiToWorker> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn send(socket: &mut zeromq::DealerSendHalf, frame: Vec<u8>) -> Result<(), String> {
+    match tokio::time::timeout(SEND_TIMEOUT, socket.send(ZmqMessage::from(frame))).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("send timed out".into()),
+    }
+}
+
+/// Why one connected session ended.
+enum SessionEnd {
+    Reconnect,
+    Shutdown,
+}
+
+async fn run_link(
+    shared: Arc<Shared>,
+    peer: Peer,
+    endpoint: String,
+    mut outbound: Option<mpsc::Receiver<ApiToWorker>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = BACKOFF_START;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let mut options = SocketOptions::default();
+        options.connect_timeout(CONNECT_TIMEOUT);
+        let mut socket = DealerSocket::with_options(options);
+        let monitor = socket.monitor();
+        let connected = tokio::select! {
+            r = socket.connect(&endpoint) => r,
+            _ = shutdown.changed() => break,
+        };
+        if let Err(e) = connected {
+            tracing::debug!(?peer, %endpoint, error = %e, "connect failed; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => break,
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            continue;
+        }
+        backoff = BACKOFF_START;
+        tracing::info!(?peer, %endpoint, "connected");
+        peer.set_connected(&shared, true);
+        let end = session(&shared, peer, socket, monitor, &mut outbound, &mut shutdown).await;
+        peer.set_connected(&shared, false);
+        match end {
+            SessionEnd::Shutdown => break,
+            SessionEnd::Reconnect => {
+                tracing::warn!(?peer, %endpoint, "disconnected; reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(BACKOFF_START) => {}
+                    _ = shutdown.changed() => break,
+                }
+            }
+        }
+    }
+}
+
+async fn session(
+    shared: &Shared,
+    peer: Peer,
+    socket: DealerSocket,
+    mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
+    outbound: &mut Option<mpsc::Receiver<ApiToWorker>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let (mut tx, mut rx) = socket.split();
+    // Hello first on every connect: the peer learns (again) who we are.
+    if send(&mut tx, peer.hello(shared)).await.is_err() {
+        return SessionEnd::Reconnect;
+    }
+    let mut heartbeat = tokio::time::interval(shared.config.heartbeat_interval);
+    heartbeat.tick().await;
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Ok(msg) => {
+                    if let Some(frame) = msg.get(0) {
+                        peer.on_frame(shared, frame);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(?peer, error = %e, "receive failed");
+                    return SessionEnd::Reconnect;
+                }
+            },
+            event = monitor.next() => match event {
+                Some(SocketEvent::Disconnected(_)) | Some(SocketEvent::Closed) | None => {
+                    return SessionEnd::Reconnect;
+                }
+                Some(_) => {}
+            },
+            Some(out) = next_outbound(outbound) => {
+                let frame = match proto::encode(&out) {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot encode a request frame");
+                        continue;
+                    }
+                };
+                if let Err(e) = send(&mut tx, frame).await {
+                    tracing::debug!(?peer, error = %e, "send failed");
+                    return SessionEnd::Reconnect;
+                }
+            }
+            _ = heartbeat.tick() => {
+                if send(&mut tx, peer.heartbeat(shared)).await.is_err() {
+                    return SessionEnd::Reconnect;
+                }
+            }
+            _ = shutdown.changed() => {
+                // Flush what is queued (aborts, mostly) before leaving.
+                if let Some(rx) = outbound.as_mut() {
+                    while let Ok(out) = rx.try_recv() {
+                        if let Ok(frame) = proto::encode(&out) {
+                            let _ = send(&mut tx, frame).await;
+                        }
+                    }
+                }
+                return SessionEnd::Shutdown;
+            }
+        }
+    }
+}

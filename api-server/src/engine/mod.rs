@@ -1,0 +1,97 @@
+//! The engine client: ZeroMQ links to every engine-worker and to the token-processor
+//! ([`links`]), the peers' liveness ([`peers`]), in-flight requests and their output channels
+//! ([`registry`]), and the handle a route holds for one engine request ([`client`]).
+
+pub mod client;
+pub mod ids;
+pub mod links;
+pub mod peers;
+pub mod registry;
+
+use std::time::Duration;
+
+use proto::api_worker::RejectReason;
+use proto::tp_api::Usage as EngineUsage;
+use proto::{FinishReason, SpeculateMetrics};
+
+pub use client::{EngineClient, RequestHandle};
+
+/// How this api-server reaches its engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub worker_endpoints: Vec<String>,
+    pub tp_endpoint: String,
+    pub api_server_id: String,
+    /// Our heartbeat period, also the token-processor's expected hello period.
+    pub heartbeat_interval: Duration,
+    /// Most engine requests in flight at once; more get a 429.
+    pub max_in_flight: usize,
+}
+
+impl EngineConfig {
+    pub fn new(worker_endpoints: Vec<String>, tp_endpoint: String, api_server_id: String) -> Self {
+        Self {
+            worker_endpoints,
+            tp_endpoint,
+            api_server_id,
+            heartbeat_interval: Duration::from_millis(500),
+            max_in_flight: 4096,
+        }
+    }
+}
+
+/// The end of a request that ran to completion (or was aborted by us).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub usage: Option<EngineUsage>,
+    pub speculate_metrics: Option<SpeculateMetrics>,
+}
+
+/// Why an engine request ended without a result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineFailure {
+    WorkerLost,
+    TokenProcessorLost,
+    /// Tokens went missing between the engine and us.
+    OutputGap,
+    Rejected(RejectReason),
+    /// The worker failed the request.
+    Engine,
+    /// Our reader fell behind and its outputs were dropped.
+    Dropped,
+    ShuttingDown,
+}
+
+impl EngineFailure {
+    /// Client-facing text; says what happened without internal detail.
+    pub fn message(&self) -> String {
+        match self {
+            Self::WorkerLost => "the engine worker running this request was lost".into(),
+            Self::TokenProcessorLost => "the token processor was lost".into(),
+            Self::OutputGap => "part of this request's output was lost".into(),
+            Self::Rejected(RejectReason::NotAccepting) => {
+                "the engine is not accepting requests".into()
+            }
+            Self::Rejected(RejectReason::Overloaded) => "the engine is overloaded".into(),
+            Self::Rejected(RejectReason::Invalid(why)) => {
+                format!(
+                    "the engine refused the request: {}",
+                    why.chars().take(200).collect::<String>()
+                )
+            }
+            Self::Engine => "the engine failed this request".into(),
+            Self::Dropped => "the request's output could not be delivered in time".into(),
+            Self::ShuttingDown => "the server is shutting down".into(),
+        }
+    }
+}
+
+/// What a request's channel carries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// New output tokens, in order, never repeated.
+    Tokens(Vec<u32>),
+    Finished(Finished),
+    Failed(EngineFailure),
+}

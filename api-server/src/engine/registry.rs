@@ -1,0 +1,225 @@
+//! In-flight engine requests of this api-server: who runs each one, where its outputs go, and
+//! how many tokens it has delivered (so duplicates replayed after a token-processor resync are
+//! dropped by `first_index`). Bounded: [`Registry::insert`] refuses past the cap.
+
+use std::collections::HashMap;
+
+use proto::tp_api::{OutputErrorKind, RequestOutput};
+use proto::{FinishReason, RequestId};
+use tokio::sync::mpsc;
+
+use super::{EngineEvent, EngineFailure, Finished};
+
+/// Outputs buffered per request before the request is failed as too slow to read.
+pub const REQUEST_CHANNEL_CAPACITY: usize = 1024;
+
+struct Entry {
+    worker: usize,
+    tx: mpsc::Sender<EngineEvent>,
+    /// Output tokens delivered so far; the next expected `first_index`.
+    delivered: u32,
+}
+
+/// What became of one dispatched output.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Delivered (possibly nothing new), request still running.
+    Delivered,
+    /// The request ended and left the registry.
+    Finished,
+    /// Not ours (already finished or aborted): ignored.
+    Unknown,
+    /// The request's reader fell behind or left; it was dropped and must be aborted at
+    /// `worker`.
+    Dropped { worker: usize },
+}
+
+pub struct Registry {
+    entries: HashMap<RequestId, Entry>,
+    per_worker: Vec<u32>,
+    cap: usize,
+}
+
+impl Registry {
+    pub fn new(workers: usize, cap: usize) -> Self {
+        Self { entries: HashMap::new(), per_worker: vec![0; workers], cap }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn in_flight_on(&self, worker: usize) -> u32 {
+        self.per_worker.get(worker).copied().unwrap_or(0)
+    }
+
+    /// Registers a request; `false` when the registry is full.
+    pub fn insert(&mut self, id: RequestId, worker: usize, tx: mpsc::Sender<EngineEvent>) -> bool {
+        if self.entries.len() >= self.cap || worker >= self.per_worker.len() {
+            return false;
+        }
+        self.entries.insert(id, Entry { worker, tx, delivered: 0 });
+        self.per_worker[worker] += 1;
+        true
+    }
+
+    /// Removes a request; returns the worker it ran on if it was still registered.
+    pub fn remove(&mut self, id: RequestId) -> Option<usize> {
+        let entry = self.entries.remove(&id)?;
+        self.per_worker[entry.worker] -= 1;
+        Some(entry.worker)
+    }
+
+    /// Ends one request with a failure.
+    pub fn fail(&mut self, id: RequestId, failure: EngineFailure) -> Option<usize> {
+        let entry = self.entries.get(&id)?;
+        let _ = entry.tx.try_send(EngineEvent::Failed(failure));
+        self.remove(id)
+    }
+
+    /// Ends every request matching `on_worker` (all when `None`) with `failure`; returns the
+    /// ended ids with their workers.
+    pub fn fail_all(
+        &mut self,
+        on_worker: Option<usize>,
+        failure: EngineFailure,
+    ) -> Vec<(RequestId, usize)> {
+        let ids: Vec<RequestId> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| on_worker.is_none_or(|w| e.worker == w))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter().filter_map(|id| self.fail(id, failure.clone()).map(|w| (id, w))).collect()
+    }
+
+    /// Delivers one output from the token-processor.
+    pub fn dispatch(&mut self, out: RequestOutput) -> Dispatch {
+        let Some(entry) = self.entries.get_mut(&out.id) else {
+            return Dispatch::Unknown;
+        };
+        let worker = entry.worker;
+        if out.first_index > entry.delivered {
+            // Tokens between what we have and this output never arrived.
+            tracing::warn!(gap_from = entry.delivered, gap_to = out.first_index, "output gap");
+            self.fail(out.id, EngineFailure::OutputGap);
+            return Dispatch::Finished;
+        }
+        let skip = (entry.delivered - out.first_index) as usize;
+        if skip < out.tokens.len() {
+            let fresh = out.tokens[skip..].to_vec();
+            entry.delivered = out.first_index + out.tokens.len() as u32;
+            if entry.tx.try_send(EngineEvent::Tokens(fresh)).is_err() {
+                self.remove(out.id);
+                return Dispatch::Dropped { worker };
+            }
+        }
+        let Some(reason) = out.finish else {
+            return Dispatch::Delivered;
+        };
+        let event = match (reason, out.error) {
+            (FinishReason::Error, error) => EngineEvent::Failed(match error.map(|e| e.kind) {
+                Some(OutputErrorKind::WorkerLost) => EngineFailure::WorkerLost,
+                Some(OutputErrorKind::StepGap) => EngineFailure::OutputGap,
+                _ => EngineFailure::Engine,
+            }),
+            (reason, _) => EngineEvent::Finished(Finished {
+                reason,
+                usage: out.usage,
+                speculate_metrics: out.speculate_metrics,
+            }),
+        };
+        let _ = entry.tx.try_send(event);
+        self.remove(out.id);
+        Dispatch::Finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(
+        id: RequestId,
+        first_index: u32,
+        tokens: &[u32],
+        finish: Option<FinishReason>,
+    ) -> RequestOutput {
+        RequestOutput {
+            id,
+            first_index,
+            tokens: tokens.to_vec(),
+            finish,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+        }
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<EngineEvent>) -> Vec<u32> {
+        let mut tokens = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            if let EngineEvent::Tokens(t) = ev {
+                tokens.extend(t);
+            }
+        }
+        tokens
+    }
+
+    #[test]
+    fn duplicates_from_a_resync_are_dropped() {
+        let mut reg = Registry::new(1, 8);
+        let (tx, mut rx) = mpsc::channel(16);
+        assert!(reg.insert(7, 0, tx));
+        assert_eq!(reg.dispatch(output(7, 0, &[10, 11, 12], None)), Dispatch::Delivered);
+        // A resync replays everything, plus one new token.
+        assert_eq!(reg.dispatch(output(7, 0, &[10, 11, 12, 13], None)), Dispatch::Delivered);
+        assert_eq!(reg.dispatch(output(7, 2, &[12, 13], None)), Dispatch::Delivered);
+        assert_eq!(reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop))), Dispatch::Finished);
+        assert_eq!(drain(&mut rx), vec![10, 11, 12, 13, 14]);
+        assert!(reg.is_empty());
+        assert_eq!(reg.in_flight_on(0), 0);
+        assert_eq!(reg.dispatch(output(7, 5, &[15], None)), Dispatch::Unknown);
+    }
+
+    #[test]
+    fn a_gap_fails_the_request() {
+        let mut reg = Registry::new(1, 8);
+        let (tx, mut rx) = mpsc::channel(16);
+        reg.insert(1, 0, tx);
+        reg.dispatch(output(1, 0, &[1], None));
+        assert_eq!(reg.dispatch(output(1, 3, &[4], None)), Dispatch::Finished);
+        let mut failed = false;
+        while let Ok(ev) = rx.try_recv() {
+            failed |= matches!(ev, EngineEvent::Failed(EngineFailure::OutputGap));
+        }
+        assert!(failed);
+    }
+
+    #[test]
+    fn full_registry_refuses_and_worker_failures_are_scoped() {
+        let mut reg = Registry::new(2, 2);
+        let (tx, _rx) = mpsc::channel(4);
+        assert!(reg.insert(1, 0, tx.clone()));
+        assert!(reg.insert(2, 1, tx.clone()));
+        assert!(!reg.insert(3, 1, tx));
+        assert_eq!(reg.fail_all(Some(1), EngineFailure::WorkerLost), vec![(2, 1)]);
+        assert_eq!(reg.len(), 1);
+        assert_eq!(reg.in_flight_on(0), 1);
+        assert_eq!(reg.in_flight_on(1), 0);
+    }
+
+    #[test]
+    fn a_reader_that_falls_behind_is_dropped() {
+        let mut reg = Registry::new(1, 8);
+        let (tx, _rx) = mpsc::channel(1);
+        reg.insert(1, 0, tx);
+        assert_eq!(reg.dispatch(output(1, 0, &[1], None)), Dispatch::Delivered);
+        assert_eq!(reg.dispatch(output(1, 1, &[2], None)), Dispatch::Dropped { worker: 0 });
+        assert!(reg.is_empty());
+    }
+}

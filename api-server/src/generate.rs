@@ -1,0 +1,213 @@
+//! Running the engine requests of one HTTP request: one [`ChoiceRun`] per choice (prompt × n),
+//! each turning engine events into text through its own incremental decoder, bounded by the
+//! request's deadline. Dropping a run aborts its engine request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::api_worker::RejectReason;
+use proto::SpeculateMetrics;
+use tokio::time::Instant;
+
+use crate::engine::client::SubmitRequest;
+use crate::engine::{EngineClient, EngineEvent, EngineFailure, RequestHandle};
+use crate::error::ApiError;
+use crate::openai::responses::Usage;
+use crate::openai::validate::GenerateSpec;
+use crate::tokenizer::detok::IncrementalDecoder;
+use crate::tokenizer::Tokenizer;
+
+/// After we abort a request at a stop string, how long to wait for its final output (which
+/// carries its figures) before finishing without them.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+/// One step of a choice's progress.
+#[derive(Debug, Clone)]
+pub enum ChoiceUpdate {
+    Text { index: u32, text: String },
+    End(ChoiceEnd),
+}
+
+/// How a choice ended; `text` is the text not yet handed out.
+#[derive(Debug, Clone)]
+pub struct ChoiceEnd {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: &'static str,
+    pub stop_reason: Option<String>,
+    pub usage: Usage,
+    pub speculate_metrics: Option<SpeculateMetrics>,
+}
+
+/// One choice in flight.
+pub struct ChoiceRun {
+    pub index: u32,
+    handle: RequestHandle,
+    decoder: IncrementalDecoder,
+    prompt_tokens: u32,
+    deadline: Instant,
+    timeout_secs: u64,
+    /// Set once we stopped at a stop string ourselves and asked the worker to abort.
+    abort_deadline: Option<Instant>,
+    ended: bool,
+}
+
+fn failure_error(failure: EngineFailure) -> ApiError {
+    match failure {
+        EngineFailure::Rejected(RejectReason::Overloaded) => {
+            ApiError::Overloaded { message: failure.message() }
+        }
+        EngineFailure::Rejected(RejectReason::Invalid(_)) => {
+            ApiError::InvalidParam { param: "prompt", message: failure.message() }
+        }
+        other => ApiError::unavailable(other.message()),
+    }
+}
+
+/// Submits every choice of `spec`; on any failure the ones already submitted are aborted.
+pub fn start_choices(
+    engine: &EngineClient,
+    tokenizer: &Arc<Tokenizer>,
+    spec: &GenerateSpec,
+    timeout: Duration,
+) -> Result<Vec<ChoiceRun>, ApiError> {
+    let deadline = Instant::now() + timeout;
+    let mut runs = Vec::with_capacity(spec.prompts.len() * spec.n as usize);
+    for (p, prompt) in spec.prompts.iter().enumerate() {
+        for j in 0..spec.n {
+            let mut sampling = spec.sampling.clone();
+            // Each choice samples on its own: derive distinct seeds from the request's.
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(j)));
+            let handle = engine.submit(SubmitRequest {
+                prompt_token_ids: prompt.clone(),
+                sampling,
+                stop: spec.stop.clone(),
+                max_tokens: spec.max_tokens[p],
+            })?;
+            runs.push(ChoiceRun {
+                index: p as u32 * spec.n + j,
+                handle,
+                decoder: IncrementalDecoder::new(
+                    Arc::clone(tokenizer),
+                    spec.stop.stop_strings.clone(),
+                ),
+                prompt_tokens: prompt.len() as u32,
+                deadline,
+                timeout_secs: timeout.as_secs(),
+                abort_deadline: None,
+                ended: false,
+            });
+        }
+    }
+    Ok(runs)
+}
+
+impl ChoiceRun {
+    /// The next update, `None` after the end.
+    pub async fn step(&mut self) -> Option<Result<ChoiceUpdate, ApiError>> {
+        if self.ended {
+            return None;
+        }
+        let result = self.step_inner().await;
+        if !matches!(result, Ok(ChoiceUpdate::Text { .. })) {
+            self.ended = true;
+        }
+        Some(result)
+    }
+
+    async fn step_inner(&mut self) -> Result<ChoiceUpdate, ApiError> {
+        loop {
+            let deadline = self.abort_deadline.map_or(self.deadline, |d| d.min(self.deadline));
+            let event = match tokio::time::timeout_at(deadline, self.handle.next()).await {
+                Ok(event) => event,
+                Err(_) if self.abort_deadline.is_some() => {
+                    return Ok(ChoiceUpdate::End(self.end(None, None)))
+                }
+                Err(_) => return Err(ApiError::Timeout { secs: self.timeout_secs }),
+            };
+            match event {
+                EngineEvent::Tokens(tokens) => {
+                    let text = self.decoder.push(&tokens);
+                    if self.decoder.matched_stop().is_some() && self.abort_deadline.is_none() {
+                        self.handle.request_abort();
+                        self.abort_deadline = Some(Instant::now() + ABORT_GRACE);
+                    }
+                    if !text.is_empty() {
+                        return Ok(ChoiceUpdate::Text { index: self.index, text });
+                    }
+                }
+                EngineEvent::Finished(finished) => {
+                    let completion = finished.usage.map(|u| u.completion_tokens);
+                    let reason = finished.reason.as_str();
+                    let metrics =
+                        if self.handle.speculative { finished.speculate_metrics } else { None };
+                    let mut end = self.end(completion, metrics);
+                    if self.decoder.matched_stop().is_none() {
+                        end.finish_reason = reason;
+                    }
+                    return Ok(ChoiceUpdate::End(end));
+                }
+                EngineEvent::Failed(failure) => {
+                    if self.abort_deadline.is_some() {
+                        // We already had our answer; the engine just could not confirm it.
+                        return Ok(ChoiceUpdate::End(self.end(None, None)));
+                    }
+                    return Err(failure_error(failure));
+                }
+            }
+        }
+    }
+
+    fn end(
+        &mut self,
+        completion_tokens: Option<u32>,
+        metrics: Option<SpeculateMetrics>,
+    ) -> ChoiceEnd {
+        let text = self.decoder.finish();
+        let stop_reason = self.decoder.matched_stop().map(str::to_owned);
+        // When we cut at a stop string, count the tokens we used, not what the engine ran on.
+        let completion = match (&stop_reason, completion_tokens) {
+            (None, Some(n)) => n,
+            _ => self.decoder.tokens_seen() as u32,
+        };
+        ChoiceEnd {
+            index: self.index,
+            text,
+            finish_reason: "stop",
+            stop_reason,
+            usage: Usage::new(self.prompt_tokens, completion),
+            speculate_metrics: metrics,
+        }
+    }
+
+    /// Runs to the end; returns the whole text and how it ended.
+    pub async fn run_to_end(mut self) -> Result<(String, ChoiceEnd), ApiError> {
+        let mut text = String::new();
+        while let Some(update) = self.step().await {
+            match update? {
+                ChoiceUpdate::Text { text: piece, .. } => text.push_str(&piece),
+                ChoiceUpdate::End(mut end) => {
+                    text.push_str(&end.text);
+                    end.text = String::new();
+                    return Ok((text, end));
+                }
+            }
+        }
+        Err(ApiError::Internal)
+    }
+}
+
+/// Runs every choice concurrently; the first failure fails the request (and aborts the rest).
+pub async fn collect_all(runs: Vec<ChoiceRun>) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
+    let results =
+        futures::future::try_join_all(runs.into_iter().map(ChoiceRun::run_to_end)).await?;
+    Ok(results)
+}
+
+/// Request usage: prompts counted once each, completions summed over choices.
+pub fn total_usage(ends: &[&ChoiceEnd], n: u32) -> Usage {
+    let completion: u32 = ends.iter().map(|e| e.usage.completion_tokens).sum();
+    let prompt: u32 =
+        ends.iter().filter(|e| e.index % n.max(1) == 0).map(|e| e.usage.prompt_tokens).sum();
+    Usage::new(prompt, completion)
+}

@@ -1,0 +1,344 @@
+//! Turns a parsed request into engine parameters, rejecting every value the engine cannot honour
+//! with a 400 that names the field.
+
+use proto::api_worker::{SamplingParams, StopConditions};
+
+use super::requests::{
+    ChatCompletionRequest, ChatMessage, MessageContent, PromptInput, SamplingFields, StopInput,
+};
+use crate::error::ApiError;
+use crate::template::{ChatTemplate, TemplateMessage};
+use crate::tokenizer::Tokenizer;
+
+/// Caps on what one request may ask for.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Context length: prompt plus completion tokens.
+    pub max_model_len: u32,
+    pub max_n: u32,
+    /// Prompts in one completion request (each times `n` engine requests).
+    pub max_prompts: usize,
+    pub max_stop_strings: usize,
+    pub max_stop_bytes: usize,
+    pub max_messages: usize,
+}
+
+impl Limits {
+    pub fn new(max_model_len: u32) -> Self {
+        Self {
+            max_model_len,
+            max_n: 16,
+            max_prompts: 64,
+            max_stop_strings: 16,
+            max_stop_bytes: 256,
+            max_messages: 1024,
+        }
+    }
+}
+
+/// What the engine is asked to generate for one HTTP request.
+#[derive(Debug, Clone)]
+pub struct GenerateSpec {
+    /// One entry per prompt; each runs `n` times.
+    pub prompts: Vec<Vec<u32>>,
+    /// Completion budget per prompt.
+    pub max_tokens: Vec<u32>,
+    pub n: u32,
+    pub sampling: SamplingParams,
+    pub stop: StopConditions,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// `max_tokens` when the request gives none.
+#[derive(Debug, Clone, Copy)]
+pub enum DefaultMaxTokens {
+    /// vLLM's completions default (16).
+    Fixed(u32),
+    /// Chat: whatever the context leaves.
+    RestOfContext,
+}
+
+/// The request's `model` must name the served model (or be absent).
+pub fn check_model(requested: Option<&str>, names: &[String]) -> Result<(), ApiError> {
+    match requested {
+        Some(name) if !names.iter().any(|n| n == name) => {
+            // Clients may send anything here; keep the echo short.
+            let model: String = name.chars().take(128).collect();
+            Err(ApiError::ModelNotFound { model })
+        }
+        _ => Ok(()),
+    }
+}
+
+fn token_ids(ids: &[i64], tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let vocab = tokenizer.vocab_size() as i64;
+    ids.iter()
+        .map(|&id| {
+            if (0..vocab).contains(&id) {
+                Ok(id as u32)
+            } else {
+                Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {id} is outside the vocabulary (0..{vocab})"),
+                ))
+            }
+        })
+        .collect()
+}
+
+/// Tokenized completion prompts.
+pub fn completion_prompts(
+    prompt: &PromptInput,
+    tokenizer: &Tokenizer,
+    limits: &Limits,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let prompts = match prompt {
+        PromptInput::Text(text) => vec![tokenizer.encode_prompt(text)?],
+        PromptInput::Texts(texts) => {
+            texts.iter().map(|t| tokenizer.encode_prompt(t)).collect::<Result<Vec<_>, _>>()?
+        }
+        PromptInput::Ids(ids) => vec![token_ids(ids, tokenizer)?],
+        PromptInput::IdLists(lists) => {
+            lists.iter().map(|ids| token_ids(ids, tokenizer)).collect::<Result<Vec<_>, _>>()?
+        }
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+    }
+    if prompts.len() > limits.max_prompts {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {} prompts per request", limits.max_prompts),
+        ));
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+    }
+    Ok(prompts)
+}
+
+fn message_text(message: &ChatMessage) -> Result<String, ApiError> {
+    match &message.content {
+        None => Ok(String::new()),
+        Some(MessageContent::Text(text)) => Ok(text.clone()),
+        Some(MessageContent::Parts(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                match (part.kind.as_str(), &part.text) {
+                    ("text", Some(text)) => texts.push(text.as_str()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            "only text content parts are supported",
+                        ))
+                    }
+                }
+            }
+            // vLLM joins text parts with newlines.
+            Ok(texts.join("\n"))
+        }
+    }
+}
+
+/// Renders and tokenizes a chat prompt.
+pub fn chat_prompt(
+    request: &ChatCompletionRequest,
+    template: Option<&ChatTemplate>,
+    tokenizer: &Tokenizer,
+    limits: &Limits,
+) -> Result<Vec<u32>, ApiError> {
+    let template = template.ok_or_else(|| {
+        ApiError::invalid("messages", "this model has no chat template; use /v1/completions")
+    })?;
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    if request.messages.len() > limits.max_messages {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("at most {} messages per request", limits.max_messages),
+        ));
+    }
+    if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid("tools", "tool calling is not supported"));
+    }
+    if request.logprobs == Some(true) || request.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for m in &request.messages {
+        if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer" | "tool") {
+            return Err(ApiError::invalid("messages", "unknown message role"));
+        }
+        messages.push(TemplateMessage { role: m.role.clone(), content: message_text(m)? });
+    }
+    let text = template.render(&messages, request.add_generation_prompt.unwrap_or(true))?;
+    // The template wrote the special tokens; add none (vLLM's add_special_tokens=False).
+    let ids = tokenizer.encode(&text)?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid("messages", "the rendered prompt is empty"));
+    }
+    Ok(ids)
+}
+
+fn finite_in(
+    param: &'static str,
+    value: Option<f64>,
+    ok: impl Fn(f64) -> bool,
+    range: &str,
+) -> Result<Option<f64>, ApiError> {
+    match value {
+        Some(v) if !v.is_finite() || !ok(v) => {
+            Err(ApiError::invalid(param, format!("{param} must be {range}")))
+        }
+        other => Ok(other),
+    }
+}
+
+fn stop_strings(stop: &Option<StopInput>, limits: &Limits) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(StopInput::One(s)) => vec![s.clone()],
+        Some(StopInput::Many(v)) => v.clone(),
+    };
+    if list.len() > limits.max_stop_strings {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {} stop strings", limits.max_stop_strings),
+        ));
+    }
+    if list.iter().any(|s| s.len() > limits.max_stop_bytes) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("stop strings are limited to {} bytes", limits.max_stop_bytes),
+        ));
+    }
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// Checks the sampling and stopping fields and sizes each prompt's completion budget.
+pub fn generate_spec(
+    prompts: Vec<Vec<u32>>,
+    fields: &SamplingFields,
+    max_tokens: Option<i64>,
+    default_max_tokens: DefaultMaxTokens,
+    tokenizer: &Tokenizer,
+    limits: &Limits,
+) -> Result<GenerateSpec, ApiError> {
+    let temperature = finite_in(
+        "temperature",
+        fields.temperature,
+        |t| (0.0..=2.0).contains(&t),
+        "between 0 and 2",
+    )?;
+    let top_p = finite_in("top_p", fields.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
+    for (param, value) in [
+        ("presence_penalty", fields.presence_penalty),
+        ("frequency_penalty", fields.frequency_penalty),
+    ] {
+        finite_in(param, value, |v| v == 0.0, "0 (penalties are not supported)")?;
+    }
+    if fields
+        .logit_bias
+        .as_ref()
+        .is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|o| !o.is_empty()))
+    {
+        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported"));
+    }
+    let top_k = match fields.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 && k <= tokenizer.vocab_size() as i64 => k as u32,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                "top_k must be -1, 0 or a positive vocabulary size at most",
+            ))
+        }
+    };
+    let n = match fields.n {
+        None => 1,
+        Some(n) if n >= 1 && n <= i64::from(limits.max_n) => n as u32,
+        Some(_) => {
+            return Err(ApiError::invalid("n", format!("n must be between 1 and {}", limits.max_n)))
+        }
+    };
+    if fields.user.as_ref().is_some_and(|u| u.len() > 1024) {
+        return Err(ApiError::invalid("user", "user is limited to 1024 bytes"));
+    }
+    let stop_token_ids = match &fields.stop_token_ids {
+        None => Vec::new(),
+        Some(ids) if ids.len() > 256 => {
+            return Err(ApiError::invalid("stop_token_ids", "at most 256 stop token ids"))
+        }
+        Some(ids) => ids
+            .iter()
+            .map(|&id| {
+                u32::try_from(id)
+                    .ok()
+                    .filter(|&id| (id as usize) < tokenizer.vocab_size())
+                    .ok_or_else(|| {
+                        ApiError::invalid("stop_token_ids", "stop token id outside the vocabulary")
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let stream = fields.stream.unwrap_or(false);
+    if fields.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid("stream_options", "stream_options requires stream=true"));
+    }
+    let include_usage =
+        fields.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+
+    let ctx = limits.max_model_len;
+    let mut budgets = Vec::with_capacity(prompts.len());
+    for prompt in &prompts {
+        let len = prompt.len() as u64;
+        if len >= u64::from(ctx) {
+            return Err(ApiError::ContextLength {
+                param: "prompt",
+                message: format!(
+                    "This model's maximum context length is {ctx} tokens. However, your prompt has {len} tokens."
+                ),
+            });
+        }
+        let room = ctx - len as u32;
+        let budget = match (max_tokens, default_max_tokens) {
+            (Some(m), _) if m < 1 => {
+                return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"))
+            }
+            (Some(m), _) if m > i64::from(room) => {
+                return Err(ApiError::ContextLength {
+                    param: "max_tokens",
+                    message: format!(
+                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({len} in the prompt, {m} for the completion).",
+                        len as i64 + m
+                    ),
+                })
+            }
+            (Some(m), _) => m as u32,
+            (None, DefaultMaxTokens::Fixed(d)) => d.min(room),
+            (None, DefaultMaxTokens::RestOfContext) => room,
+        };
+        budgets.push(budget);
+    }
+    let stop_strings = stop_strings(&fields.stop, limits)?;
+    Ok(GenerateSpec {
+        prompts,
+        max_tokens: budgets,
+        n,
+        sampling: SamplingParams {
+            temperature: temperature.unwrap_or(1.0) as f32,
+            top_p: top_p.unwrap_or(1.0) as f32,
+            top_k,
+            seed: fields.seed.map(|s| s as u64),
+        },
+        stop: StopConditions {
+            stop_token_ids,
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            stop_strings,
+        },
+        stream,
+        include_usage,
+    })
+}

@@ -1,0 +1,129 @@
+//! `POST /v1/chat/completions`.
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::AppState;
+use crate::body::read_json;
+use crate::error::ApiError;
+use crate::generate::{collect_all, start_choices, total_usage, ChoiceUpdate};
+use crate::openai::requests::ChatCompletionRequest;
+use crate::openai::responses::{
+    response_id, unix_now, AssistantMessage, ChatChoice, ChatChunkChoice, ChatResponse, Chunk,
+    Delta, UsageField,
+};
+use crate::openai::validate::{chat_prompt, check_model, generate_spec, DefaultMaxTokens};
+use crate::stream::{first_updates, sse_event, sse_response, StreamItem};
+
+const OBJECT: &str = "chat.completion";
+const CHUNK_OBJECT: &str = "chat.completion.chunk";
+
+pub async fn handle(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
+    check_model(req.model.as_deref(), &state.model_names)?;
+    let tokenizer = &state.model.tokenizer;
+    let prompt = chat_prompt(&req, state.model.chat_template.as_ref(), tokenizer, &state.limits)?;
+    // `max_completion_tokens` is the newer name; it wins when both are given.
+    let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let spec = generate_spec(
+        vec![prompt],
+        &req.sampling,
+        max_tokens,
+        DefaultMaxTokens::RestOfContext,
+        tokenizer,
+        &state.limits,
+    )?;
+    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout)?;
+    let id = response_id("chatcmpl");
+    let created = unix_now();
+    let model = state.served_model_name.to_string();
+
+    if spec.stream {
+        let usage_field = if spec.include_usage { UsageField::Null } else { UsageField::Omitted };
+        let chunk = {
+            let (id, model) = (id.clone(), model.clone());
+            move |choices: Vec<ChatChunkChoice>, usage: UsageField| {
+                sse_event(&Chunk {
+                    id: id.clone(),
+                    object: CHUNK_OBJECT,
+                    created,
+                    model: model.clone(),
+                    choices,
+                    usage,
+                })
+            }
+        };
+        // vLLM opens each choice with the assistant role and empty content.
+        let prelude: Vec<Bytes> = (0..spec.n)
+            .map(|index| {
+                chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: Delta { role: Some("assistant"), content: Some(String::new()) },
+                        logprobs: None,
+                        finish_reason: None,
+                        stop_reason: None,
+                        speculate_metrics: None,
+                    }],
+                    usage_field,
+                )
+            })
+            .collect();
+        let format = move |item: StreamItem<'_>| -> Bytes {
+            match item {
+                StreamItem::Update(ChoiceUpdate::Text { index, text }) => chunk(
+                    vec![ChatChunkChoice {
+                        index: *index,
+                        delta: Delta { role: None, content: Some(text.clone()) },
+                        logprobs: None,
+                        finish_reason: None,
+                        stop_reason: None,
+                        speculate_metrics: None,
+                    }],
+                    usage_field,
+                ),
+                StreamItem::Update(ChoiceUpdate::End(end)) => chunk(
+                    vec![ChatChunkChoice {
+                        index: end.index,
+                        delta: Delta {
+                            role: None,
+                            content: (!end.text.is_empty()).then(|| end.text.clone()),
+                        },
+                        logprobs: None,
+                        finish_reason: Some(end.finish_reason),
+                        stop_reason: end.stop_reason.clone(),
+                        speculate_metrics: end.speculate_metrics.clone(),
+                    }],
+                    usage_field,
+                ),
+                StreamItem::Usage(usage) => chunk(Vec::new(), UsageField::Totals(usage)),
+            }
+        };
+        let runs = first_updates(runs).await?;
+        return Ok(sse_response(runs, prelude, spec.include_usage, spec.n, format));
+    }
+
+    let results = collect_all(runs).await?;
+    let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
+    let usage = total_usage(&ends, spec.n);
+    let mut choices: Vec<ChatChoice> = results
+        .into_iter()
+        .map(|(text, end)| ChatChoice {
+            index: end.index,
+            message: AssistantMessage { role: "assistant", content: text },
+            logprobs: None,
+            finish_reason: Some(end.finish_reason),
+            stop_reason: end.stop_reason,
+            speculate_metrics: end.speculate_metrics,
+        })
+        .collect();
+    choices.sort_by_key(|c| c.index);
+    Ok(Json(ChatResponse { id, object: OBJECT, created, model, choices, usage }).into_response())
+}

@@ -1,0 +1,16 @@
+//! `GET /health`: 200 only when requests can be served (tokenizer loaded, which holds once the
+//! server runs; a live accepting engine-worker; a token-processor heard within its window).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use crate::error::ApiError;
+
+pub async fn handle(State(state): State<AppState>) -> Response {
+    match state.engine.readiness() {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(reason) => ApiError::unavailable(format!("not ready: {reason}")).into_response(),
+    }
+}

@@ -1,0 +1,64 @@
+//! The HTTP surface: OpenAI routes, `/health`, and the envelope for unknown routes and methods.
+
+pub mod chat;
+pub mod completions;
+pub mod health;
+pub mod models;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::auth::{require_api_key, ApiKey};
+use crate::engine::EngineClient;
+use crate::error::ApiError;
+use crate::model::ModelAssets;
+use crate::openai::validate::Limits;
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub model: Arc<ModelAssets>,
+    /// The name clients use in `model`.
+    pub served_model_name: Arc<str>,
+    /// Names a request's `model` may use (the served name first).
+    pub model_names: Arc<[String]>,
+    /// Where the model came from (`root` in `/v1/models`).
+    pub model_root: Arc<str>,
+    pub limits: Arc<Limits>,
+    pub engine: EngineClient,
+    pub request_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    pub started_unix: u64,
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::RouteNotFound {
+        method: request.method().to_string(),
+        path: request.uri().path().chars().take(256).collect(),
+    }
+}
+
+async fn method_not_allowed(request: Request) -> axum::response::Response {
+    let mut response = not_found(request).await.into_response();
+    *response.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    response
+}
+
+/// The api-server's router.
+pub fn router(state: AppState, api_key: ApiKey) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/models", get(models::handle))
+        .route("/health", get(health::handle))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(api_key, require_api_key))
+        .with_state(state)
+}

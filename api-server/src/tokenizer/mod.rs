@@ -1,0 +1,135 @@
+//! Text ⇄ token ids for one model: a byte-level BPE built from the GGUF `tokenizer.ggml.*`
+//! fields ([`gguf`](self::gguf)) or loaded from an HF `tokenizer.json` ([`hf`]), plus the raw
+//! bytes of every token so output can be decoded incrementally ([`detok`]).
+
+pub mod bytelevel;
+pub mod detok;
+pub mod gguf;
+pub mod hf;
+
+use crate::error::ApiError;
+
+/// A loaded tokenizer. Encoding goes through the `tokenizers` crate; decoding uses each token's
+/// raw bytes, which is what the engine-worker matches stop strings on too.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Raw output bytes of every id; special tokens hold their literal text.
+    token_bytes: Vec<Vec<u8>>,
+    special: Vec<bool>,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    bos_policy: BosPolicy,
+}
+
+/// How a completion prompt gets its BOS token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BosPolicy {
+    Never,
+    /// Prepend `bos_id` (GGUF `tokenizer.ggml.add_bos_token`).
+    Prepend,
+    /// Let the HF post-processor add whatever special tokens it defines.
+    PostProcessor,
+}
+
+impl Tokenizer {
+    pub(crate) fn from_parts(
+        inner: tokenizers::Tokenizer,
+        token_bytes: Vec<Vec<u8>>,
+        special: Vec<bool>,
+        bos_id: Option<u32>,
+        eos_id: Option<u32>,
+        bos_policy: BosPolicy,
+    ) -> Self {
+        Self { inner, token_bytes, special, bos_id, eos_id, bos_policy }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// Text of a token id (special tokens as written), for the chat template's context.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        let bytes = self.token_bytes.get(id as usize)?;
+        Some(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    /// Encodes text as is: special tokens in the text are matched whole, nothing is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        let encoding = self.inner.encode_fast(text, false).map_err(|e| {
+            tracing::warn!(error = %e, "tokenizer failed to encode");
+            ApiError::Internal
+        })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Encodes a completion prompt: as [`encode`](Self::encode), with BOS first when the model
+    /// asks for it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        match (self.bos_policy, self.bos_id) {
+            (BosPolicy::Prepend, Some(bos)) => {
+                let mut ids = self.encode(text)?;
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+                Ok(ids)
+            }
+            (BosPolicy::PostProcessor, _) => {
+                let encoding = self.inner.encode_fast(text, true).map_err(|e| {
+                    tracing::warn!(error = %e, "tokenizer failed to encode");
+                    ApiError::Internal
+                })?;
+                Ok(encoding.get_ids().to_vec())
+            }
+            _ => self.encode(text),
+        }
+    }
+
+    /// The tokenizer as an HF `tokenizer.json` document (e.g. to export a GGUF's tokenizer).
+    pub fn to_hf_json(&self) -> Result<String, ApiError> {
+        self.inner.to_string(false).map_err(|e| ApiError::ModelLoad {
+            what: "tokenizer.json".into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Raw bytes of one token, or `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.token_bytes.get(id as usize).map(Vec::as_slice)
+    }
+
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Decodes ids to text (invalid UTF-8 becomes U+FFFD); unknown ids are skipped.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            if skip_special && self.is_special(id) {
+                continue;
+            }
+            if let Some(b) = self.token_bytes(id) {
+                bytes.extend_from_slice(b);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,170 @@
+//! The api-server binary itself: options with env fallbacks, systemd readiness, and SIGTERM
+//! draining in-flight requests before exiting 0. Runs against the fake engine.
+
+mod support;
+
+use std::os::unix::net::UnixDatagram;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use proto::FinishReason;
+use serde_json::{json, Value};
+use support::{Behaviour, FakeEngine};
+
+const BIN: &str = env!("CARGO_BIN_EXE_api-server");
+
+fn spawn(
+    engine: &FakeEngine,
+    port: u16,
+    extra: &[&str],
+    notify: Option<&std::path::Path>,
+) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--model")
+        .arg(support::model_path())
+        .args(["--port", &port.to_string()])
+        .args(["--worker-endpoints", &engine.worker_endpoint])
+        .args(["--tp-endpoint", &engine.tp_endpoint])
+        .args(extra)
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(path) = notify {
+        cmd.env("NOTIFY_SOCKET", path);
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn wait_healthy(port: u16) {
+    support::wait_until(Duration::from_secs(20), "api-server healthy", || async move {
+        reqwest::get(format!("http://127.0.0.1:{port}/health"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+}
+
+fn sigterm(child: &Child) {
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<i32> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "api-server did not exit within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn help_documents_env_fallbacks() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for env in [
+        "SPECULA_API_PORT",
+        "SPECULA_MODEL",
+        "SPECULA_WORKER_ENDPOINTS",
+        "SPECULA_TP_ENDPOINT",
+        "SPECULA_API_KEY",
+        "SPECULA_MAX_MODEL_LEN",
+        "SPECULA_REQUEST_TIMEOUT_SECS",
+        "SPECULA_API_SERVER_ID",
+    ] {
+        assert!(help.contains(&format!("[env: {env}")), "--help lacks {env}");
+    }
+}
+
+#[tokio::test]
+async fn notifies_systemd_ready_once_healthy() {
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let dir = std::env::temp_dir().join(format!("specula-api-notify-{}", support::free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &[], Some(&path));
+    let message = tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 256];
+        let n = socket.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(message.contains("READY=1"), "{message}");
+    // Ready means healthy.
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
+    let tokens = support::load_model().tokenizer.encode("The capital of France is Paris.").unwrap();
+    let behaviour = Behaviour::Paced {
+        tokens,
+        finish: FinishReason::Length,
+        delay: Duration::from_millis(100),
+    };
+    let engine = FakeEngine::start(behaviour, 2).await;
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &["--shutdown-grace-secs", "20"], None);
+    wait_healthy(port).await;
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&json!({"prompt": "Hi", "max_tokens": 50}))
+            .send()
+            .await
+    });
+    support::wait_until(Duration::from_secs(5), "request at the engine", || async {
+        !engine.adds().is_empty()
+    })
+    .await;
+    sigterm(&child);
+    let response = in_flight.await.unwrap().expect("in-flight request answered");
+    assert_eq!(response.status(), 200);
+    let v: Value = response.json().await.unwrap();
+    assert_eq!(v["choices"][0]["text"], "The capital of France is Paris.");
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(10)).await, Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_grace_period_bounds_a_request_that_never_ends() {
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &["--shutdown-grace-secs", "1"], None);
+    wait_healthy(port).await;
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let _in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&json!({"prompt": "Hi", "max_tokens": 5000}))
+            .send()
+            .await
+    });
+    support::wait_until(Duration::from_secs(5), "request at the engine", || async {
+        !engine.adds().is_empty()
+    })
+    .await;
+    sigterm(&child);
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(8)).await, Some(0));
+    let id = engine.adds()[0].id;
+    support::wait_until(Duration::from_secs(3), "abort sent on exit", || async {
+        engine.aborts().contains(&id)
+    })
+    .await;
+}
