@@ -118,7 +118,7 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     let mut tasks = Vec::new();
     let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for p in prompts(8) {
-        let mut body = completion_body(&p, 4000, true);
+        let mut body = completion_body(&p, 1500, true);
         body["ignore_eos"] = true.into();
         let (http, url, started) = (stack.client().clone(), stack.api("/v1/completions"), started.clone());
         tasks.push(tokio::spawn(async move {
@@ -181,7 +181,7 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     let running = "specula_requests_running";
     let mut tasks = Vec::new();
     for p in prompts(4) {
-        let mut body = completion_body(&p, 4000, true);
+        let mut body = completion_body(&p, 1500, true);
         body["ignore_eos"] = true.into();
         let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
         tasks.push(tokio::spawn(async move { stream(&http, &url, &body, |_| true).await }));

@@ -4,15 +4,35 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum EngineError {
     #[error("cannot read model file {path}: {source}")]
-    ModelIo { path: String, source: std::io::Error },
+    ModelIo {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("unsupported model file {path}: {reason}")]
     UnsupportedModel { path: String, reason: String },
     #[error("model is missing tensor {name}")]
     MissingTensor { name: String },
     #[error("tensor {name} has shape {actual:?}, expected {expected:?}")]
-    TensorShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
+    TensorShape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
     #[error("invalid forward batch: {0}")]
     InvalidBatch(String),
     #[error("backend {backend} unavailable: {reason}")]
     BackendUnavailable { backend: String, reason: String },
+    #[error("invalid GGUF file {path}: {source}")]
+    Gguf {
+        path: String,
+        source: gguf::GgufError,
+    },
+    #[error("unsupported model architecture {architecture:?} (supported: llama, mistral, qwen2)")]
+    UnsupportedArchitecture { architecture: String },
+    #[error(
+        "tensor {name} has unsupported type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+    )]
+    UnsupportedTensorType { name: String, dtype: String },
+    #[error("invalid model configuration: {0}")]
+    InvalidConfig(String),
 }

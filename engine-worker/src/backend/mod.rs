@@ -3,6 +3,8 @@
 //! block bookkeeping and hands each sequence's block table in with every forward.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::model::ModelConfig;
 use crate::EngineError;

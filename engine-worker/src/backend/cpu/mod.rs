@@ -1,1 +1,174 @@
 //! CPU backend: f32 activations, quantized or f32 weights, multi-threaded.
+//!
+//! The weights stay in their stored form (mapped from the file); SIMD kernels decode them on
+//! the fly ([`kernels`]). The paged KV cache is f32 ([`kv_cache`]). Every sequence's logits
+//! are bit-identical whatever else shares its batch.
+
+mod attention;
+mod kernels;
+mod kv_cache;
+mod llama;
+mod matmul;
+mod ops;
+
+pub use kernels::Isa;
+
+use super::{Backend, SeqForward};
+use crate::model::{Model, ModelConfig};
+use crate::EngineError;
+
+/// Construction options of a [`CpuBackend`].
+#[derive(Debug, Clone)]
+pub struct CpuBackendOptions {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks to allocate.
+    pub num_blocks: usize,
+    /// Worker threads (default: all cores).
+    pub threads: Option<usize>,
+    /// Force an instruction set (default: the best detected). Only for tests/comparisons.
+    pub isa: Option<Isa>,
+}
+
+impl CpuBackendOptions {
+    pub fn new(num_blocks: usize) -> Self {
+        Self {
+            block_size: 16,
+            num_blocks,
+            threads: None,
+            isa: None,
+        }
+    }
+}
+
+/// A model on the CPU with its paged KV cache.
+pub struct CpuBackend {
+    model: Model,
+    cache: kv_cache::KvCache,
+    pool: rayon::ThreadPool,
+    isa: Isa,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("model", &self.model.config.name)
+            .field("block_size", &self.cache.block_size)
+            .field("num_blocks", &self.cache.num_blocks)
+            .field("threads", &self.pool.current_num_threads())
+            .field("isa", &self.isa)
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    pub fn new(model: Model, options: CpuBackendOptions) -> Result<Self, EngineError> {
+        model.config.validate()?;
+        let cache = kv_cache::KvCache::new(&model.config, options.block_size, options.num_blocks)?;
+        let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("cpu-forward-{i}"));
+        if let Some(threads) = options.threads {
+            pool = pool.num_threads(threads);
+        }
+        let pool = pool.build().map_err(|e| EngineError::BackendUnavailable {
+            backend: "cpu".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            model,
+            cache,
+            pool,
+            isa: Isa::supported_or_detect(options.isa),
+        })
+    }
+
+    /// Bytes of KV cache one block takes, to size `num_blocks` from a memory budget.
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        kv_cache::KvCache::bytes_per_block(config, block_size)
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    fn validate(&self, seqs: &[SeqForward<'_>]) -> Result<(), EngineError> {
+        let bad = |i: usize, what: String| {
+            Err(EngineError::InvalidBatch(format!("sequence {i}: {what}")))
+        };
+        let vocab = self.model.config.vocab_size;
+        let bs = self.cache.block_size;
+        for (i, seq) in seqs.iter().enumerate() {
+            if seq.tokens.is_empty() {
+                return bad(i, "no tokens".into());
+            }
+            if let Some(&tok) = seq.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return bad(
+                    i,
+                    format!("token {tok} is outside the vocabulary of {vocab}"),
+                );
+            }
+            let end = seq.start_pos + seq.tokens.len();
+            let needed = end.div_ceil(bs);
+            if seq.block_table.len() < needed {
+                return bad(
+                    i,
+                    format!(
+                        "{} blocks cannot hold {end} positions (block size {bs})",
+                        seq.block_table.len()
+                    ),
+                );
+            }
+            if let Some(&b) = seq.block_table[..needed]
+                .iter()
+                .find(|&&b| b as usize >= self.cache.num_blocks)
+            {
+                return bad(
+                    i,
+                    format!(
+                        "block {b} is outside the cache of {} blocks",
+                        self.cache.num_blocks
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn block_size(&self) -> usize {
+        self.cache.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.cache.num_blocks
+    }
+
+    fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
+        self.validate(seqs)?;
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Self {
+            model,
+            cache,
+            pool,
+            isa,
+        } = self;
+        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,281 @@
+//! AVX2 + FMA + F16C kernels. Each 32-element block is decoded once into four 8-lane f32
+//! vectors and multiplied into every token of the group; per token, block partial sums are
+//! scaled into one accumulator (with 16 registers, two per token would spill for 8 tokens).
+
+use super::{GroupInput, MAX_GROUP};
+use crate::model::WeightType;
+
+/// `out[t] = row · x[t]` for the first `n` tokens of `group`. Only called when the CPU has
+/// AVX2, FMA and F16C ([`super::Isa::detect`]).
+pub(super) fn dot_group(
+    dtype: WeightType,
+    row: &[u8],
+    group: &GroupInput<'_>,
+    n: usize,
+    out: &mut [f32; MAX_GROUP],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert!((1..=MAX_GROUP).contains(&n) && group.x.len() >= n * group.cols);
+        debug_assert_eq!(row.len(), dtype.row_bytes(group.cols));
+        // SAFETY: the ISA was detected at backend construction; lengths are checked above
+        // (rows hold `cols / 32` whole blocks, `x` holds `n` rows of `cols`).
+        unsafe { imp::dot_group(dtype, row, group, n, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut scratch = Vec::new();
+        super::scalar::dot_group(dtype, row, group, n, out, &mut scratch);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::super::{GroupInput, MAX_GROUP};
+    use crate::model::{WeightType, QK};
+
+    /// One stored block format of 32 elements.
+    trait Format {
+        const BLOCK_BYTES: usize;
+        /// Blocks carry an f16 scale `d` at offset 0.
+        const SCALED: bool;
+        /// Blocks carry an f16 minimum `m` at offset 2 (Q4_1).
+        const HAS_MIN: bool;
+        /// The 32 block values before scaling, as four 8-lane vectors.
+        unsafe fn load(p: *const u8) -> [__m256; 4];
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    struct F32;
+    impl Format for F32 {
+        const BLOCK_BYTES: usize = 128;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            let p = p as *const f32;
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        }
+    }
+
+    struct F16;
+    impl Format for F16 {
+        const BLOCK_BYTES: usize = 64;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            let h = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * i) as *const __m128i));
+            [h(0), h(1), h(2), h(3)]
+        }
+    }
+
+    struct Bf16;
+    impl Format for Bf16 {
+        const BLOCK_BYTES: usize = 64;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            // bf16 is the top half of an f32.
+            let h = |i: usize| {
+                let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16 * i) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+            };
+            [h(0), h(1), h(2), h(3)]
+        }
+    }
+
+    struct Q8_0;
+    impl Format for Q8_0 {
+        const BLOCK_BYTES: usize = 34;
+        const SCALED: bool = true;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            let q = p.add(2);
+            let h = |i: usize| {
+                let bytes = _mm_loadl_epi64(q.add(8 * i) as *const __m128i);
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+            };
+            [h(0), h(1), h(2), h(3)]
+        }
+    }
+
+    /// Splits 16 bytes of nibbles into elements 0..16 (low) and 16..32 (high), as bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let mask = _mm_set1_epi8(0x0f);
+        (
+            _mm_and_si128(v, mask),
+            _mm_and_si128(_mm_srli_epi16::<4>(v), mask),
+        )
+    }
+
+    struct Q4_0;
+    impl Format for Q4_0 {
+        const BLOCK_BYTES: usize = 18;
+        const SCALED: bool = true;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            let (lo, hi) = nibbles(p.add(2));
+            let eight = _mm_set1_epi8(8);
+            let (lo, hi) = (_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight));
+            let h = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+            [
+                h(lo),
+                h(_mm_srli_si128::<8>(lo)),
+                h(hi),
+                h(_mm_srli_si128::<8>(hi)),
+            ]
+        }
+    }
+
+    struct Q4_1;
+    impl Format for Q4_1 {
+        const BLOCK_BYTES: usize = 20;
+        const SCALED: bool = true;
+        const HAS_MIN: bool = true;
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m256; 4] {
+            let (lo, hi) = nibbles(p.add(4));
+            let h = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+            [
+                h(lo),
+                h(_mm_srli_si128::<8>(lo)),
+                h(hi),
+                h(_mm_srli_si128::<8>(hi)),
+            ]
+        }
+    }
+
+    /// Horizontal sum in a fixed order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn block_dot(q: &[__m256; 4], x: *const f32) -> __m256 {
+        let mut bd = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
+        bd = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x.add(8)), bd);
+        bd = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x.add(16)), bd);
+        _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x.add(24)), bd)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot<F: Format, const N: usize>(
+        row: *const u8,
+        group: &GroupInput<'_>,
+        out: &mut [f32; MAX_GROUP],
+    ) {
+        let cols = group.cols;
+        let blocks = cols / QK;
+        let x = group.x.as_ptr();
+        let sums = group.sums.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); N];
+
+        // One block into the given accumulators; a macro so the accumulator arrays stay in
+        // registers.
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let p = row.add(b * F::BLOCK_BYTES);
+                let q = F::load(p);
+                let d = if F::SCALED {
+                    _mm256_set1_ps(f16_at(p))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                for t in 0..N {
+                    let bd = block_dot(&q, x.add(t * cols + b * QK));
+                    $acc[t] = if F::SCALED {
+                        _mm256_fmadd_ps(d, bd, $acc[t])
+                    } else {
+                        _mm256_add_ps(bd, $acc[t])
+                    };
+                }
+            }};
+        }
+
+        for b in 0..blocks {
+            step!(b, acc);
+        }
+        // Q4_1's `m · Σx` terms in a pass of their own, keeping the vector loop's registers
+        // for the accumulators.
+        let mut min_terms = [0f32; N];
+        if F::HAS_MIN {
+            for b in 0..blocks {
+                let m = f16_at(row.add(b * F::BLOCK_BYTES + 2));
+                for (t, term) in min_terms.iter_mut().enumerate() {
+                    *term += m * *sums.add(t * blocks + b);
+                }
+            }
+        }
+        for t in 0..N {
+            out[t] = hsum(acc[t]) + min_terms[t];
+        }
+    }
+
+    macro_rules! by_group_size {
+        ($fmt:ty, $row:expr, $group:expr, $n:expr, $out:expr) => {
+            match $n {
+                1 => dot::<$fmt, 1>($row, $group, $out),
+                2 => dot::<$fmt, 2>($row, $group, $out),
+                3 => dot::<$fmt, 3>($row, $group, $out),
+                4 => dot::<$fmt, 4>($row, $group, $out),
+                5 => dot::<$fmt, 5>($row, $group, $out),
+                6 => dot::<$fmt, 6>($row, $group, $out),
+                7 => dot::<$fmt, 7>($row, $group, $out),
+                _ => dot::<$fmt, 8>($row, $group, $out),
+            }
+        };
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `row` holds `cols / 32` blocks of `dtype`, `group.x`
+    /// holds `n` rows of `cols` (and `group.sums` `n` rows of `cols / 32` for Q4_1).
+    pub(super) unsafe fn dot_group(
+        dtype: WeightType,
+        row: &[u8],
+        group: &GroupInput<'_>,
+        n: usize,
+        out: &mut [f32; MAX_GROUP],
+    ) {
+        let row = row.as_ptr();
+        match dtype {
+            WeightType::F32 => by_group_size!(F32, row, group, n, out),
+            WeightType::F16 => by_group_size!(F16, row, group, n, out),
+            WeightType::BF16 => by_group_size!(Bf16, row, group, n, out),
+            WeightType::Q8_0 => by_group_size!(Q8_0, row, group, n, out),
+            WeightType::Q4_0 => by_group_size!(Q4_0, row, group, n, out),
+            WeightType::Q4_1 => by_group_size!(Q4_1, row, group, n, out),
+        }
+    }
+}

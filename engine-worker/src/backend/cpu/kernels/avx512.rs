@@ -1,0 +1,295 @@
+//! AVX-512F kernels: as the AVX2 ones (`avx2.rs`), with each 32-element block decoded into two
+//! 16-lane vectors, which halves the decode instructions per block; 4-bit blocks are decoded
+//! straight to scaled values through a 16-entry `vpermps` table. With 32 registers each
+//! token gets two accumulators (even/odd blocks) to hide FMA latency.
+
+use super::{GroupInput, MAX_GROUP};
+use crate::model::WeightType;
+
+/// `out[t] = row · x[t]` for the first `n` tokens of `group`. Only called when the CPU has
+/// AVX-512F, AVX2, FMA and F16C ([`super::Isa::detect`]).
+pub(super) fn dot_group(
+    dtype: WeightType,
+    row: &[u8],
+    group: &GroupInput<'_>,
+    n: usize,
+    out: &mut [f32; MAX_GROUP],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert!((1..=MAX_GROUP).contains(&n) && group.x.len() >= n * group.cols);
+        debug_assert_eq!(row.len(), dtype.row_bytes(group.cols));
+        // SAFETY: the ISA was detected at backend construction; lengths are checked above
+        // (rows hold `cols / 32` whole blocks, `x` holds `n` rows of `cols`).
+        unsafe { imp::dot_group(dtype, row, group, n, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut scratch = Vec::new();
+        super::scalar::dot_group(dtype, row, group, n, out, &mut scratch);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::super::{GroupInput, MAX_GROUP};
+    use crate::model::{WeightType, QK};
+
+    /// One stored block format of 32 elements.
+    trait Format {
+        const BLOCK_BYTES: usize;
+        /// Blocks carry an f16 scale `d` at offset 0.
+        const SCALED: bool;
+        /// Blocks carry an f16 minimum `m` at offset 2 (Q4_1).
+        const HAS_MIN: bool;
+        /// The 32 block values before scaling, as four 8-lane vectors.
+        unsafe fn load(p: *const u8) -> [__m512; 2];
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    struct F32;
+    impl Format for F32 {
+        const BLOCK_BYTES: usize = 128;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            let p = p as *const f32;
+            [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
+        }
+    }
+
+    struct F16;
+    impl Format for F16 {
+        const BLOCK_BYTES: usize = 64;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            [
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i)),
+            ]
+        }
+    }
+
+    /// bf16 is the top half of an f32.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn bf16x16(p: *const u8) -> __m512 {
+        let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+    }
+
+    struct Bf16;
+    impl Format for Bf16 {
+        const BLOCK_BYTES: usize = 64;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            [bf16x16(p), bf16x16(p.add(32))]
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn i8x16(v: __m128i) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+    }
+
+    struct Q8_0;
+    impl Format for Q8_0 {
+        const BLOCK_BYTES: usize = 34;
+        const SCALED: bool = true;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            [
+                i8x16(_mm_loadu_si128(p.add(2) as *const __m128i)),
+                i8x16(_mm_loadu_si128(p.add(18) as *const __m128i)),
+            ]
+        }
+    }
+
+    /// A 4-bit block decoded through a 16-entry table of its values: `vpermps` picks entry
+    /// `nibble` for every lane (it reads only an index's low 4 bits, so no masking is needed).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn nibble_lookup(nibbles: *const u8, table: __m512) -> [__m512; 2] {
+        let v = _mm_loadu_si128(nibbles as *const __m128i);
+        let low = _mm512_cvtepu8_epi32(v);
+        let high = _mm512_cvtepu8_epi32(_mm_srli_epi16::<4>(v));
+        [
+            _mm512_permutexvar_ps(low, table),
+            _mm512_permutexvar_ps(high, table),
+        ]
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn iota16() -> __m512 {
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        )
+    }
+
+    /// Loads already-scaled values (`d * (n - 8)`), so the block needs no further scaling.
+    struct Q4_0;
+    impl Format for Q4_0 {
+        const BLOCK_BYTES: usize = 18;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            let d = _mm512_set1_ps(f16_at(p));
+            let table = _mm512_mul_ps(d, _mm512_sub_ps(iota16(), _mm512_set1_ps(8.0)));
+            nibble_lookup(p.add(2), table)
+        }
+    }
+
+    /// Loads already-dequantized values (`d * n + m`): no scaling and no minimum term left.
+    struct Q4_1;
+    impl Format for Q4_1 {
+        const BLOCK_BYTES: usize = 20;
+        const SCALED: bool = false;
+        const HAS_MIN: bool = false;
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn load(p: *const u8) -> [__m512; 2] {
+            let d = _mm512_set1_ps(f16_at(p));
+            let m = _mm512_set1_ps(f16_at(p.add(2)));
+            nibble_lookup(p.add(4), _mm512_fmadd_ps(d, iota16(), m))
+        }
+    }
+
+    /// Horizontal sum in a fixed order.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let oct = _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        );
+        let quad = _mm_add_ps(_mm256_castps256_ps128(oct), _mm256_extractf128_ps::<1>(oct));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn block_dot(q: &[__m512; 2], x: *const f32) -> __m512 {
+        let bd = _mm512_mul_ps(q[0], _mm512_loadu_ps(x));
+        _mm512_fmadd_ps(q[1], _mm512_loadu_ps(x.add(16)), bd)
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot<F: Format, const N: usize>(
+        row: *const u8,
+        group: &GroupInput<'_>,
+        out: &mut [f32; MAX_GROUP],
+    ) {
+        let cols = group.cols;
+        let blocks = cols / QK;
+        let x = group.x.as_ptr();
+        let sums = group.sums.as_ptr();
+        let mut even = [_mm512_setzero_ps(); N];
+        let mut odd = [_mm512_setzero_ps(); N];
+
+        // One block into the given accumulators; a macro so the accumulator arrays stay in
+        // registers.
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let p = row.add(b * F::BLOCK_BYTES);
+                let q = F::load(p);
+                let d = if F::SCALED {
+                    _mm512_set1_ps(f16_at(p))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for t in 0..N {
+                    let bd = block_dot(&q, x.add(t * cols + b * QK));
+                    $acc[t] = if F::SCALED {
+                        _mm512_fmadd_ps(d, bd, $acc[t])
+                    } else {
+                        _mm512_add_ps(bd, $acc[t])
+                    };
+                }
+            }};
+        }
+
+        let mut b = 0;
+        while b + 1 < blocks {
+            step!(b, even);
+            step!(b + 1, odd);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, even);
+        }
+        // Q4_1's `m · Σx` terms in a pass of their own, keeping the vector loop's registers
+        // for the accumulators.
+        let mut min_terms = [0f32; N];
+        if F::HAS_MIN {
+            for b in 0..blocks {
+                let m = f16_at(row.add(b * F::BLOCK_BYTES + 2));
+                for (t, term) in min_terms.iter_mut().enumerate() {
+                    *term += m * *sums.add(t * blocks + b);
+                }
+            }
+        }
+        for t in 0..N {
+            out[t] = hsum(_mm512_add_ps(even[t], odd[t])) + min_terms[t];
+        }
+    }
+
+    macro_rules! by_group_size {
+        ($fmt:ty, $row:expr, $group:expr, $n:expr, $out:expr) => {
+            match $n {
+                1 => dot::<$fmt, 1>($row, $group, $out),
+                2 => dot::<$fmt, 2>($row, $group, $out),
+                3 => dot::<$fmt, 3>($row, $group, $out),
+                4 => dot::<$fmt, 4>($row, $group, $out),
+                5 => dot::<$fmt, 5>($row, $group, $out),
+                6 => dot::<$fmt, 6>($row, $group, $out),
+                7 => dot::<$fmt, 7>($row, $group, $out),
+                _ => dot::<$fmt, 8>($row, $group, $out),
+            }
+        };
+    }
+
+    /// # Safety
+    /// AVX-512F, AVX2, FMA and F16C must be available; `row` holds `cols / 32` blocks of `dtype`, `group.x`
+    /// holds `n` rows of `cols` (and `group.sums` `n` rows of `cols / 32` for Q4_1).
+    pub(super) unsafe fn dot_group(
+        dtype: WeightType,
+        row: &[u8],
+        group: &GroupInput<'_>,
+        n: usize,
+        out: &mut [f32; MAX_GROUP],
+    ) {
+        let row = row.as_ptr();
+        match dtype {
+            WeightType::F32 => by_group_size!(F32, row, group, n, out),
+            WeightType::F16 => by_group_size!(F16, row, group, n, out),
+            WeightType::BF16 => by_group_size!(Bf16, row, group, n, out),
+            WeightType::Q8_0 => by_group_size!(Q8_0, row, group, n, out),
+            WeightType::Q4_0 => by_group_size!(Q4_0, row, group, n, out),
+            WeightType::Q4_1 => by_group_size!(Q4_1, row, group, n, out),
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Row-dot kernels: `out[r, t] = Σ_c W[r, c] · x[t, c]` for a weight matrix in its stored type
+//! and f32 activations.
+//!
+//! Batch invariance: a token's result goes through the same instructions whatever other
+//! tokens share the call. Tokens are processed in groups of up to [`MAX_GROUP`] per pass over a
+//! weight row (to reuse each decoded block), but every token keeps its own accumulators and
+//! the per-token operation order does not depend on the group size.
+
+mod avx2;
+mod avx512;
+mod scalar;
+
+use std::ops::Range;
+
+use crate::model::{WeightMatrix, WeightType, QK};
+
+/// Tokens that share one decode of a weight row.
+pub(crate) const MAX_GROUP: usize = 8;
+
+/// Instruction set the kernels use; fixed per backend so results never mix paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F (+ AVX2, FMA, F16C), x86-64, runtime-detected.
+    Avx512,
+    /// AVX2 + FMA + F16C (x86-64, runtime-detected).
+    Avx2,
+    /// Portable code (auto-vectorized where the compiler can).
+    Scalar,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Self {
+        if Self::Avx512.is_supported() {
+            Isa::Avx512
+        } else if Self::Avx2.is_supported() {
+            Isa::Avx2
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Isa::Avx512 => avx2 && has!("avx512f"),
+                Isa::Avx2 => avx2,
+                Isa::Scalar => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
+        }
+    }
+
+    /// `requested` if this CPU supports it, otherwise the best detected one.
+    pub fn supported_or_detect(requested: Option<Isa>) -> Self {
+        match requested {
+            Some(isa) if isa.is_supported() => isa,
+            _ => Self::detect(),
+        }
+    }
+
+    /// Parses `avx512`, `avx2` or `scalar`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "avx512" => Some(Isa::Avx512),
+            "avx2" => Some(Isa::Avx2),
+            "scalar" => Some(Isa::Scalar),
+            _ => None,
+        }
+    }
+}
+
+/// Per-token sums of each 32-element block of `x` (`[tokens, cols / 32]`, `cols` a multiple of
+/// 32); Q4_1's minimum term needs them.
+pub(crate) fn block_sums(x: &[f32]) -> Vec<f32> {
+    x.chunks_exact(QK).map(sum_block).collect()
+}
+
+fn sum_block(block: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    for chunk in block.chunks_exact(8) {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+}
+
+/// The instruction set used for this matrix: SIMD paths need whole 32-element blocks per row.
+fn isa_for(isa: Isa, w: &WeightMatrix) -> Isa {
+    if w.cols.is_multiple_of(QK) {
+        isa
+    } else {
+        Isa::Scalar
+    }
+}
+
+/// Computes rows `rows` of `W · xᵀ` for `tokens` tokens: `x` is `[tokens, cols]`, `sums` is
+/// [`block_sums`] of `x` (only read for Q4_1), `out` is `[rows.len(), tokens]`.
+pub(crate) fn matmul_rows(
+    isa: Isa,
+    w: &WeightMatrix,
+    rows: Range<usize>,
+    x: &[f32],
+    sums: &[f32],
+    tokens: usize,
+    out: &mut [f32],
+) {
+    let cols = w.cols;
+    debug_assert_eq!(x.len(), tokens * cols);
+    debug_assert_eq!(out.len(), rows.len() * tokens);
+    let isa = isa_for(isa, w);
+    let mut scratch = Vec::new();
+    let mut start = 0;
+    while start < tokens {
+        let n = (tokens - start).min(MAX_GROUP);
+        let group = GroupInput {
+            x: &x[start * cols..(start + n) * cols],
+            sums: if w.dtype == WeightType::Q4_1 {
+                &sums[start * (cols / QK)..(start + n) * (cols / QK)]
+            } else {
+                &[]
+            },
+            cols,
+        };
+        for (i, r) in rows.clone().enumerate() {
+            let row = w.row(r);
+            let mut res = [0f32; MAX_GROUP];
+            match isa {
+                Isa::Avx512 => avx512::dot_group(w.dtype, row, &group, n, &mut res),
+                Isa::Avx2 => avx2::dot_group(w.dtype, row, &group, n, &mut res),
+                Isa::Scalar => scalar::dot_group(w.dtype, row, &group, n, &mut res, &mut scratch),
+            }
+            // A plain loop: `copy_from_slice` would call memcpy for every (often 4-byte) row.
+            for (o, r) in out[i * tokens + start..].iter_mut().zip(&res[..n]) {
+                *o = *r;
+            }
+        }
+        start += n;
+    }
+}
+
+/// A group of up to [`MAX_GROUP`] tokens' activations.
+pub(crate) struct GroupInput<'a> {
+    /// `[n, cols]`.
+    pub x: &'a [f32],
+    /// `[n, cols / 32]` (Q4_1 only, else empty).
+    pub sums: &'a [f32],
+    pub cols: usize,
+}
+
+/// f32 dot product with a fixed 8-lane order (auto-vectorized; the lane order makes the result
+/// the same whatever vector width the compiler picks).
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let split = a.len() / 8 * 8;
+    for (ca, cb) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
+        for i in 0..8 {
+            lanes[i] += ca[i] * cb[i];
+        }
+    }
+    let mut total = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (x, y) in a[split..].iter().zip(&b[split..]) {
+        total += x * y;
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests;

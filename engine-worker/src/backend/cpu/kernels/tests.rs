@@ -1,0 +1,156 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::model::{quantize_row, WeightMatrix, WeightType};
+
+fn supported_isas() -> Vec<Isa> {
+    [Isa::Avx512, Isa::Avx2, Isa::Scalar]
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .collect()
+}
+
+const TYPES: [WeightType; 6] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q4_1,
+];
+
+fn random_matrix(
+    dtype: WeightType,
+    rows: usize,
+    cols: usize,
+    rng: &mut ChaCha8Rng,
+) -> WeightMatrix {
+    let mut data = Vec::new();
+    for _ in 0..rows {
+        let values: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        quantize_row(dtype, &values, &mut data);
+    }
+    WeightMatrix::owned("w", dtype, rows, cols, data).unwrap()
+}
+
+fn reference(w: &WeightMatrix, x: &[f32], tokens: usize) -> Vec<f64> {
+    let dense = w.to_f32();
+    let mut out = vec![0.0; w.rows * tokens];
+    for r in 0..w.rows {
+        for t in 0..tokens {
+            out[r * tokens + t] = (0..w.cols)
+                .map(|c| f64::from(dense[r * w.cols + c]) * f64::from(x[t * w.cols + c]))
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn kernels_match_the_dequantized_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let (rows, cols, tokens) = (5, 96, 11);
+    for isa in supported_isas() {
+        for dtype in TYPES {
+            let w = random_matrix(dtype, rows, cols, &mut rng);
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let sums = block_sums(&x);
+            let mut out = vec![0.0; rows * tokens];
+            matmul_rows(isa, &w, 0..rows, &x, &sums, tokens, &mut out);
+            for (got, want) in out.iter().zip(reference(&w, &x, tokens)) {
+                assert!(
+                    (f64::from(*got) - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{isa:?} {dtype}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tokens_result_does_not_depend_on_its_group() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let (rows, cols) = (3, 160);
+    for isa in supported_isas() {
+        for dtype in TYPES {
+            let w = random_matrix(dtype, rows, cols, &mut rng);
+            let tokens = 13;
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let sums = block_sums(&x);
+            let mut all = vec![0.0; rows * tokens];
+            matmul_rows(isa, &w, 0..rows, &x, &sums, tokens, &mut all);
+            for t in 0..tokens {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let mut one = vec![0.0; rows];
+                matmul_rows(isa, &w, 0..rows, xt, &block_sums(xt), 1, &mut one);
+                for r in 0..rows {
+                    assert_eq!(
+                        one[r].to_bits(),
+                        all[r * tokens + t].to_bits(),
+                        "{isa:?} {dtype}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_rows_not_a_multiple_of_32_use_the_portable_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let w = random_matrix(WeightType::F16, 4, 20, &mut rng);
+    let x: Vec<f32> = (0..40).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut out = vec![0.0; 8];
+    matmul_rows(Isa::detect(), &w, 0..4, &x, &[], 2, &mut out);
+    for (got, want) in out.iter().zip(reference(&w, &x, 2)) {
+        assert!((f64::from(*got) - want).abs() < 1e-4);
+    }
+}
+
+/// Kernel throughput probe (not a correctness test): `cargo test --release -- --ignored
+/// kernel_throughput --nocapture`.
+#[test]
+#[ignore]
+fn kernel_throughput() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for (rows, cols, copies) in [(1536, 576, 1), (1536, 576, 64)] {
+        for dtype in [WeightType::Q4_1, WeightType::Q8_0] {
+            let ws: Vec<WeightMatrix> = (0..copies)
+                .map(|_| random_matrix(dtype, rows, cols, &mut rng))
+                .collect();
+            for isa in supported_isas() {
+                for tokens in [1, 8] {
+                    let x: Vec<f32> = (0..tokens * cols)
+                        .map(|_| rng.gen_range(-1.0..1.0))
+                        .collect();
+                    let sums = block_sums(&x);
+                    let mut out = vec![0.0; rows * tokens];
+                    let reps = 2000 / copies.max(1) / tokens;
+                    let start = std::time::Instant::now();
+                    for _ in 0..reps {
+                        for w in &ws {
+                            matmul_rows(isa, w, 0..rows, &x, &sums, tokens, &mut out);
+                        }
+                    }
+                    let secs = start.elapsed().as_secs_f64();
+                    let blocks = (reps * copies * rows * cols / 32 * tokens) as f64;
+                    println!(
+                        "{dtype} {isa:?} tokens {tokens} working set {} KiB: {:.2} ns/block/token, {:.1} GB/s of weights",
+                        copies * w_bytes(&ws[0]) / 1024,
+                        secs * 1e9 / blocks,
+                        (reps * copies * w_bytes(&ws[0])) as f64 / secs / 1e9
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn w_bytes(w: &WeightMatrix) -> usize {
+    w.bytes().len()
+}

@@ -1,0 +1,74 @@
+//! Paged KV cache memory: per layer, keys and values as `[block, kv_head, slot, head_dim]` f32,
+//! so one block of one KV head is a contiguous `[block_size, head_dim]` tile for attention.
+
+use crate::model::ModelConfig;
+use crate::EngineError;
+
+pub(crate) struct KvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    /// Bytes one block takes over all layers (keys and values).
+    pub(crate) fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * 4
+    }
+
+    pub(crate) fn new(
+        config: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self, EngineError> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(EngineError::InvalidConfig(format!(
+                "KV cache needs a non-zero block size and block count (got {block_size}, {num_blocks})"
+            )));
+        }
+        let per_layer = num_blocks
+            .checked_mul(config.num_kv_heads * block_size * config.head_dim)
+            .filter(|n| n.checked_mul(8 * config.num_layers).is_some())
+            .ok_or_else(|| {
+                EngineError::InvalidConfig(format!("KV cache of {num_blocks} blocks is too large"))
+            })?;
+        // Zeroed allocations are mapped lazily by the OS; pages fill as blocks get used.
+        let layer = || vec![0f32; per_layer];
+        Ok(Self {
+            block_size,
+            num_blocks,
+            kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            keys: (0..config.num_layers).map(|_| layer()).collect(),
+            values: (0..config.num_layers).map(|_| layer()).collect(),
+        })
+    }
+
+    fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
+        ((block * self.kv_heads + kv_head) * self.block_size + slot) * self.head_dim
+    }
+
+    /// Stores one token's keys and values (`[kv_heads * head_dim]` each) at `(block, slot)`.
+    pub(crate) fn write(&mut self, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        for h in 0..self.kv_heads {
+            let at = self.offset(block, h, slot);
+            self.keys[layer][at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            self.values[layer][at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        }
+    }
+
+    /// Keys and values of one block and KV head: `[block_size, head_dim]` each.
+    pub(crate) fn tile(&self, layer: usize, block: usize, kv_head: usize) -> (&[f32], &[f32]) {
+        let at = self.offset(block, kv_head, 0);
+        let len = self.block_size * self.head_dim;
+        (
+            &self.keys[layer][at..at + len],
+            &self.values[layer][at..at + len],
+        )
+    }
+}
