@@ -108,7 +108,10 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
          correct, {errors} explicit errors, 0 lost; steps counter {steps_before} -> {steps_after}"
     );
     assert_eq!(complete_ok + errors, 16);
-    assert!(steps_after < steps_before + 16.0 * max_tokens as f64, "counters restarted from 0");
+    // The restarted token-processor counts from 0: it holds exactly the resynced requests'
+    // figures, which (greedy, batch-invariant) equal those of the reference run. Without the
+    // restart the counter would be twice as large.
+    assert_eq!(steps_after, steps_before, "counters restarted from 0 and resynced exactly");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -271,6 +271,27 @@ impl EngineClient {
         lock(&self.shared.registry).len()
     }
 
+    /// What `/health` shows operators (and the leak tests): in-flight requests here, and each
+    /// worker's liveness and load as its last heartbeat reported it.
+    pub fn status(&self) -> serde_json::Value {
+        let workers: Vec<_> = lock(&self.shared.workers)
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "endpoint": w.endpoint,
+                    "alive": w.alive,
+                    "accepting": w.accepting,
+                    "running_and_waiting": w.reported_load,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "in_flight": self.in_flight(),
+            "token_processor_alive": lock(&self.shared.tp).alive,
+            "workers": workers,
+        })
+    }
+
     /// Stops taking new requests (in-flight ones go on).
     pub fn stop_accepting(&self) {
         self.shared.accepting.store(false, Ordering::Relaxed);

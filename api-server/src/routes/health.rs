@@ -2,15 +2,19 @@
 //! server runs; a live accepting engine-worker; a token-processor heard within its window).
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Json;
 
 use super::AppState;
 use crate::error::ApiError;
 
 pub async fn handle(State(state): State<AppState>) -> Response {
     match state.engine.readiness() {
-        Ok(()) => StatusCode::OK.into_response(),
+        Ok(()) => {
+            let mut body = state.engine.status();
+            body["status"] = "ok".into();
+            Json(body).into_response()
+        }
         Err(reason) => ApiError::unavailable(format!("not ready: {reason}")).into_response(),
     }
 }

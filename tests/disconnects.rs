@@ -1,0 +1,111 @@
+//! 10k streaming requests whose clients disconnect mid-stream: afterwards every per-request map
+//! in all three processes is empty, and no process's RSS grew by 5% or more.
+//!
+//! SPECULA_DISCONNECT_REQUESTS overrides the count (default 10,000).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::openai::{completion_body, stream};
+use common::stack::{metric_sum, Proc, Stack, StackConfig};
+use common::wait_until;
+use serde_json::Value;
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// (api-server in-flight, workers' running + waiting, token-processor running).
+async fn in_flight(stack: &Stack) -> (u64, u64, u64) {
+    let health: Value = stack
+        .client()
+        .get(stack.api("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap_or(Value::Null);
+    let api = health["in_flight"].as_u64().unwrap_or(u64::MAX);
+    let workers = health["workers"]
+        .as_array()
+        .map_or(u64::MAX, |w| w.iter().filter_map(|w| w["running_and_waiting"].as_u64()).sum());
+    let tp = metric_sum(&stack.metrics_text().await, "specula_requests_running") as u64;
+    (api, workers, tp)
+}
+
+/// Runs `n` requests, `concurrency` at a time, each dropped after its first streamed chunk.
+async fn disconnect_wave(stack: &Stack, n: usize, concurrency: usize) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (http, url, next) = (stack.client().clone(), stack.api("/v1/completions"), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let mut body = completion_body(&format!("{} {}", i % 97, i % 13), 64, true);
+                body["ignore_eos"] = true.into();
+                let s = stream(&http, &url, &body, |_| false).await;
+                assert!(
+                    s.http_status == 200 || s.http_status == 429,
+                    "request {i}: status {} {:?}",
+                    s.http_status,
+                    s.error
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn wait_drained(stack: &Stack) {
+    wait_until(Duration::from_secs(60), "every per-request map to empty", || async {
+        in_flight(stack).await == (0, 0, 0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
+    let n: usize = std::env::var("SPECULA_DISCONNECT_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let stack = Stack::start(StackConfig {
+        worker_args: vec!["--max-num-seqs".into(), "64".into()],
+        ..StackConfig::default()
+    })
+    .await;
+    let pids: Vec<(Proc, u32)> = Proc::ALL.iter().map(|p| (*p, stack.pid(*p))).collect();
+
+    // Warm-up: allocator arenas, KV blocks, connection pools reach their working size first.
+    let warm = (n / 10).clamp(100, 1000);
+    disconnect_wave(&stack, warm, 32).await;
+    wait_drained(&stack).await;
+    let before: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+
+    let started = Instant::now();
+    disconnect_wave(&stack, n, 32).await;
+    wait_drained(&stack).await;
+    let after: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+
+    let aborted = metric_sum(&stack.metrics_text().await, "specula_requests_finished_abort_total");
+    eprintln!(
+        "{n} disconnects in {:?}; {aborted} aborts seen by the token-processor; RSS kB before/after: {:?}",
+        started.elapsed(),
+        pids.iter().zip(before.iter().zip(&after)).map(|((p, _), (b, a))| (*p, *b, *a)).collect::<Vec<_>>()
+    );
+    for (((p, _), b), a) in pids.iter().zip(&before).zip(&after) {
+        assert!((*a as f64) < *b as f64 * 1.05, "{p:?} RSS grew from {b} kB to {a} kB");
+    }
+}
