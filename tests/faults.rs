@@ -108,10 +108,10 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
          correct, {errors} explicit errors, 0 lost; steps counter {steps_before} -> {steps_after}"
     );
     assert_eq!(complete_ok + errors, 16);
-    // The restarted token-processor counts from 0: it holds exactly the resynced requests'
-    // figures, which (greedy, batch-invariant) equal those of the reference run. Without the
-    // restart the counter would be twice as large.
-    assert_eq!(steps_after, steps_before, "counters restarted from 0 and resynced exactly");
+    // The restarted token-processor counts from 0: it holds at most the figures of the requests
+    // it saw (resynced or new), which (greedy, batch-invariant) are those of the reference run.
+    // A counter that survived the restart would hold both runs, twice as much.
+    assert!(steps_after > 0.0 && steps_after <= steps_before, "counters restarted from 0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

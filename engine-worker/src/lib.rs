@@ -6,7 +6,14 @@
 //! (KV-block bookkeeping, scheduler, proposer, verifier, step driver, I/O) is backend-agnostic.
 
 pub mod backend;
+pub mod engine;
 mod error;
+pub mod io;
+pub mod kv;
 pub mod model;
+pub mod sampling;
+pub mod scheduler;
+pub mod spec;
+pub mod trace;
 
 pub use error::EngineError;

@@ -1,1 +1,281 @@
-fn main() {}
+//! engine-worker: loads the model, serves api-servers over a ZeroMQ ROUTER and pushes one step
+//! batch per engine step to the token-processor. See `engine_worker::io` for the wiring.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::backend::Backend;
+use engine_worker::engine::{Engine, EngineConfig, TokenBytes};
+use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig};
+use engine_worker::io::step_loop::{run_step_loop, StepLoopIo};
+use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
+use engine_worker::io::{EngineCommand, WorkerStatus};
+use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::trace::TraceWriter;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LoadFormatArg {
+    /// GGUF for a file, safetensors for a Hugging Face directory.
+    Auto,
+    Gguf,
+    Safetensors,
+    /// Random weights in the model's shape (benchmarks).
+    Dummy,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+}
+
+#[derive(Debug, Parser)]
+#[command(version, about = "specula engine-worker: model, continuous batching, speculative decoding")]
+struct Args {
+    /// Model: a GGUF file or a Hugging Face directory (config.json + *.safetensors).
+    #[arg(long, env = "SPECULA_MODEL", default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// How to read `--model`.
+    #[arg(long, env = "SPECULA_LOAD_FORMAT", value_enum, default_value = "auto")]
+    load_format: LoadFormatArg,
+    /// Weight type of `--load-format dummy` weights.
+    #[arg(long, env = "SPECULA_DUMMY_DTYPE", default_value = "q4_1")]
+    dummy_dtype: String,
+    /// Device to run on.
+    #[arg(long, env = "SPECULA_DEVICE", value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// K: draft tokens per verification step; 0 turns speculative decoding off.
+    #[arg(long, env = "SPECULA_NUM_SPEC_TOKENS", default_value_t = 4)]
+    num_spec_tokens: usize,
+    /// Shortest suffix the n-gram proposer matches.
+    #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]
+    ngram_min: usize,
+    /// Longest suffix the n-gram proposer matches (tried first).
+    #[arg(long, env = "SPECULA_NGRAM_MAX", default_value_t = 4)]
+    ngram_max: usize,
+    /// Most sequences running at once.
+    #[arg(long, env = "SPECULA_MAX_NUM_SEQS", default_value_t = 16)]
+    max_num_seqs: usize,
+    /// Most positions (prompt + output) per sequence; clamped to the model and the cache.
+    #[arg(long, env = "SPECULA_MAX_MODEL_LEN", default_value_t = 2048)]
+    max_model_len: usize,
+    /// Token budget of one step (prompt tokens plus K+1 per running sequence).
+    #[arg(long, env = "SPECULA_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048)]
+    max_num_batched_tokens: usize,
+    /// Waiting-queue bound; beyond it requests are refused as overloaded.
+    #[arg(long, env = "SPECULA_MAX_WAITING", default_value_t = 1024)]
+    max_waiting: usize,
+    /// KV-cache blocks.
+    #[arg(long, env = "SPECULA_NUM_KV_BLOCKS", default_value_t = 2048)]
+    num_kv_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, env = "SPECULA_BLOCK_SIZE", default_value_t = 16)]
+    block_size: usize,
+    /// Forward-pass threads (default: all cores).
+    #[arg(long, env = "SPECULA_THREADS")]
+    threads: Option<usize>,
+    /// This worker's name in hellos, batches and metric labels.
+    #[arg(long, env = "SPECULA_WORKER_ID", default_value = "worker-0")]
+    worker_id: String,
+    /// ROUTER endpoint the api-servers connect to.
+    #[arg(long, env = "SPECULA_WORKER_API_ENDPOINT", default_value = "tcp://127.0.0.1:5555")]
+    api_endpoint: String,
+    /// The token-processor's ingest (PULL) endpoint.
+    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value = "tcp://127.0.0.1:5556")]
+    tp_endpoint: String,
+    /// Heartbeat period towards the token-processor and the api-servers.
+    #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    heartbeat_interval_ms: u32,
+    /// Step batches queued for the token-processor before the worker drops them and resyncs.
+    #[arg(long, env = "SPECULA_TP_QUEUE", default_value_t = 1024)]
+    tp_queue: usize,
+    /// Write every step's acceptance events as JSON Lines to this file.
+    #[arg(long, env = "SPECULA_TRACE_ACCEPTANCE")]
+    trace_acceptance: Option<PathBuf>,
+    /// On SIGTERM: how long running requests may take to finish before they are aborted.
+    #[arg(long, env = "SPECULA_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    drain_timeout_secs: u64,
+    /// Seed of dummy weights.
+    #[arg(long, env = "SPECULA_SEED", default_value_t = 0)]
+    seed: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
+        "need 1 <= --ngram-min <= --ngram-max"
+    );
+    anyhow::ensure!(args.block_size > 0 && args.num_kv_blocks > 0, "the KV cache needs blocks");
+    anyhow::ensure!(args.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default();
+    let heartbeat = Duration::from_millis(u64::from(args.heartbeat_interval_ms));
+    let model_label = args.model.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let proposer = if args.num_spec_tokens > 0 { "ngram" } else { "none" };
+    let status = Arc::new(WorkerStatus::new(
+        args.worker_id.clone(),
+        epoch,
+        model_label.clone(),
+        args.num_spec_tokens as u32,
+        proposer.into(),
+        args.heartbeat_interval_ms,
+    ));
+    let router = bind_api(&args.api_endpoint)
+        .await
+        .with_context(|| format!("cannot bind {}", args.api_endpoint))?;
+    tracing::info!(endpoint = %args.api_endpoint, "api endpoint bound; loading the model");
+
+    let (cmd_tx, cmd_rx) = std::sync::mpsc::sync_channel(4096);
+    let (tp_tx, tp_rx) = tokio::sync::mpsc::channel(args.tp_queue.max(1));
+    let (api_tx, api_rx) = tokio::sync::mpsc::channel(4096);
+    let (limits_tx, limits_rx) = tokio::sync::watch::channel(None);
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+
+    let api_task = tokio::spawn(run_api_link(
+        router,
+        status.clone(),
+        cmd_tx.clone(),
+        api_rx,
+        limits_rx,
+        heartbeat,
+        shutdown_rx,
+    ));
+    let tp_task = tokio::spawn(run_tp_link(
+        TpLinkConfig {
+            endpoint: args.tp_endpoint.clone(),
+            heartbeat_interval: heartbeat,
+            send_timeout: Duration::from_secs(2),
+            linger: Duration::from_millis(300),
+        },
+        status.clone(),
+        tp_rx,
+    ));
+
+    let drain = Duration::from_secs(args.drain_timeout_secs);
+    let engine_status = status.clone();
+    let engine_thread = std::thread::Builder::new().name("step-loop".into()).spawn(move || {
+        let engine = match build_engine(&args) {
+            Ok(engine) => engine,
+            Err(err) => {
+                let _ = loaded_tx.send(Err(err));
+                return;
+            }
+        };
+        let trace = match &args.trace_acceptance {
+            None => None,
+            Some(path) => match TraceWriter::create(
+                path,
+                args.num_spec_tokens,
+                &engine.backend().config().name,
+                &args.worker_id,
+                engine.proposer_name(),
+            ) {
+                Ok(t) => Some(t),
+                Err(err) => {
+                    let _ = loaded_tx.send(Err(anyhow::anyhow!("cannot create trace {}: {err}", path.display())));
+                    return;
+                }
+            },
+        };
+        let _ = limits_tx.send(Some(ApiLinkConfig {
+            heartbeat_interval: heartbeat,
+            max_model_len: engine.config().max_model_len,
+            vocab_size: engine.backend().config().vocab_size,
+            has_token_bytes: engine.has_token_bytes(),
+            max_waiting: engine.config().max_waiting,
+        }));
+        engine_status.set_ready(engine.backend().config().name.clone());
+        let _ = loaded_tx.send(Ok(()));
+        let watchdog = std::env::var_os("NOTIFY_SOCKET").is_some();
+        run_step_loop(
+            engine,
+            StepLoopIo { commands: cmd_rx, to_tp: tp_tx, to_api: api_tx, status: engine_status, trace, watchdog },
+        );
+    })?;
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        loaded = loaded_rx => {
+            loaded.unwrap_or_else(|_| Err(anyhow::anyhow!("step loop died while loading")))?;
+        }
+        _ = sigterm.recv() => {
+            tracing::info!("SIGTERM while loading; exiting");
+            return Ok(());
+        }
+    }
+    tracing::info!(worker_id = %status.worker_id, model = %status.hello().model, "ready");
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    }
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    status.start_draining();
+    let _ = cmd_tx.send(EngineCommand::Drain { deadline: Instant::now() + drain });
+    // The link ends after sending the step loop's goodbye; bound the wait regardless.
+    if tokio::time::timeout(drain + Duration::from_secs(10), tp_task).await.is_err() {
+        tracing::error!("token-processor link did not finish in time");
+    }
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(2), api_task).await;
+    let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
+    tracing::info!("bye");
+    Ok(())
+}
+
+fn build_engine(args: &Args) -> anyhow::Result<Engine<CpuBackend>> {
+    let DeviceArg::Cpu = args.device;
+    let format = match args.load_format {
+        LoadFormatArg::Auto => LoadFormat::Auto,
+        LoadFormatArg::Gguf => LoadFormat::Gguf,
+        LoadFormatArg::Safetensors => LoadFormat::Safetensors,
+        LoadFormatArg::Dummy => LoadFormat::Dummy,
+    };
+    let dtype = WeightType::parse(&args.dummy_dtype)
+        .with_context(|| format!("unknown --dummy-dtype {}", args.dummy_dtype))?;
+    let started = Instant::now();
+    let model = Model::load(&args.model, format, dtype, args.seed)
+        .with_context(|| format!("cannot load {}", args.model.display()))?;
+    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let mut options = CpuBackendOptions::new(args.num_kv_blocks);
+    options.block_size = args.block_size;
+    options.threads = args.threads;
+    let backend = CpuBackend::new(model, options)?;
+    tracing::info!(
+        model = %backend.config().name,
+        load_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    let cfg = EngineConfig {
+        num_spec_tokens: args.num_spec_tokens,
+        ngram_min: args.ngram_min,
+        ngram_max: args.ngram_max,
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_model_len: args.max_model_len,
+        max_waiting: args.max_waiting,
+    };
+    Ok(Engine::new(backend, cfg, vocab))
+}
