@@ -33,10 +33,17 @@ enum DeviceArg {
 }
 
 #[derive(Debug, Parser)]
-#[command(version, about = "specula engine-worker: model, continuous batching, speculative decoding")]
+#[command(
+    version,
+    about = "specula engine-worker: model, continuous batching, speculative decoding"
+)]
 struct Args {
     /// Model: a GGUF file or a Hugging Face directory (config.json + *.safetensors).
-    #[arg(long, env = "SPECULA_MODEL", default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    #[arg(
+        long,
+        env = "SPECULA_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
     model: PathBuf,
     /// How to read `--model`.
     #[arg(long, env = "SPECULA_LOAD_FORMAT", value_enum, default_value = "auto")]
@@ -81,10 +88,18 @@ struct Args {
     #[arg(long, env = "SPECULA_WORKER_ID", default_value = "worker-0")]
     worker_id: String,
     /// ROUTER endpoint the api-servers connect to.
-    #[arg(long, env = "SPECULA_WORKER_API_ENDPOINT", default_value = "tcp://127.0.0.1:5555")]
+    #[arg(
+        long,
+        env = "SPECULA_WORKER_API_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5555"
+    )]
     api_endpoint: String,
     /// The token-processor's ingest (PULL) endpoint.
-    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value = "tcp://127.0.0.1:5556")]
+    #[arg(
+        long,
+        env = "SPECULA_TP_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5556"
+    )]
     tp_endpoint: String,
     /// Heartbeat period towards the token-processor and the api-servers.
     #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
@@ -115,8 +130,14 @@ fn main() -> anyhow::Result<()> {
         args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
         "need 1 <= --ngram-min <= --ngram-max"
     );
-    anyhow::ensure!(args.block_size > 0 && args.num_kv_blocks > 0, "the KV cache needs blocks");
-    anyhow::ensure!(args.heartbeat_interval_ms > 0, "--heartbeat-interval-ms must be positive");
+    anyhow::ensure!(
+        args.block_size > 0 && args.num_kv_blocks > 0,
+        "the KV cache needs blocks"
+    );
+    anyhow::ensure!(
+        args.heartbeat_interval_ms > 0,
+        "--heartbeat-interval-ms must be positive"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -130,8 +151,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
     let heartbeat = Duration::from_millis(u64::from(args.heartbeat_interval_ms));
-    let model_label = args.model.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-    let proposer = if args.num_spec_tokens > 0 { "ngram" } else { "none" };
+    let model_label = args
+        .model
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let proposer = if args.num_spec_tokens > 0 {
+        "ngram"
+    } else {
+        "none"
+    };
     let status = Arc::new(WorkerStatus::new(
         args.worker_id.clone(),
         epoch,
@@ -174,45 +202,57 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let drain = Duration::from_secs(args.drain_timeout_secs);
     let engine_status = status.clone();
-    let engine_thread = std::thread::Builder::new().name("step-loop".into()).spawn(move || {
-        let engine = match build_engine(&args) {
-            Ok(engine) => engine,
-            Err(err) => {
-                let _ = loaded_tx.send(Err(err));
-                return;
-            }
-        };
-        let trace = match &args.trace_acceptance {
-            None => None,
-            Some(path) => match TraceWriter::create(
-                path,
-                args.num_spec_tokens,
-                &engine.backend().config().name,
-                &args.worker_id,
-                engine.proposer_name(),
-            ) {
-                Ok(t) => Some(t),
+    let engine_thread = std::thread::Builder::new()
+        .name("step-loop".into())
+        .spawn(move || {
+            let engine = match build_engine(&args) {
+                Ok(engine) => engine,
                 Err(err) => {
-                    let _ = loaded_tx.send(Err(anyhow::anyhow!("cannot create trace {}: {err}", path.display())));
+                    let _ = loaded_tx.send(Err(err));
                     return;
                 }
-            },
-        };
-        let _ = limits_tx.send(Some(ApiLinkConfig {
-            heartbeat_interval: heartbeat,
-            max_model_len: engine.config().max_model_len,
-            vocab_size: engine.backend().config().vocab_size,
-            has_token_bytes: engine.has_token_bytes(),
-            max_waiting: engine.config().max_waiting,
-        }));
-        engine_status.set_ready(engine.backend().config().name.clone());
-        let _ = loaded_tx.send(Ok(()));
-        let watchdog = std::env::var_os("NOTIFY_SOCKET").is_some();
-        run_step_loop(
-            engine,
-            StepLoopIo { commands: cmd_rx, to_tp: tp_tx, to_api: api_tx, status: engine_status, trace, watchdog },
-        );
-    })?;
+            };
+            let trace = match &args.trace_acceptance {
+                None => None,
+                Some(path) => match TraceWriter::create(
+                    path,
+                    args.num_spec_tokens,
+                    &engine.backend().config().name,
+                    &args.worker_id,
+                    engine.proposer_name(),
+                ) {
+                    Ok(t) => Some(t),
+                    Err(err) => {
+                        let _ = loaded_tx.send(Err(anyhow::anyhow!(
+                            "cannot create trace {}: {err}",
+                            path.display()
+                        )));
+                        return;
+                    }
+                },
+            };
+            let _ = limits_tx.send(Some(ApiLinkConfig {
+                heartbeat_interval: heartbeat,
+                max_model_len: engine.config().max_model_len,
+                vocab_size: engine.backend().config().vocab_size,
+                has_token_bytes: engine.has_token_bytes(),
+                max_waiting: engine.config().max_waiting,
+            }));
+            engine_status.set_ready(engine.backend().config().name.clone());
+            let _ = loaded_tx.send(Ok(()));
+            let watchdog = std::env::var_os("NOTIFY_SOCKET").is_some();
+            run_step_loop(
+                engine,
+                StepLoopIo {
+                    commands: cmd_rx,
+                    to_tp: tp_tx,
+                    to_api: api_tx,
+                    status: engine_status,
+                    trace,
+                    watchdog,
+                },
+            );
+        })?;
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -233,9 +273,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     status.start_draining();
-    let _ = cmd_tx.send(EngineCommand::Drain { deadline: Instant::now() + drain });
+    let _ = cmd_tx.send(EngineCommand::Drain {
+        deadline: Instant::now() + drain,
+    });
     // The link ends after sending the step loop's goodbye; bound the wait regardless.
-    if tokio::time::timeout(drain + Duration::from_secs(10), tp_task).await.is_err() {
+    if tokio::time::timeout(drain + Duration::from_secs(10), tp_task)
+        .await
+        .is_err()
+    {
         tracing::error!("token-processor link did not finish in time");
     }
     let _ = shutdown_tx.send(true);

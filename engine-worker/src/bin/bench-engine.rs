@@ -1,0 +1,175 @@
+//! End-to-end engine benchmark on the CPU backend: decode tokens/s for 1 and 8 streams, with
+//! and without n-gram speculation, on a repetitive and a free-form prompt; mean accepted length
+//! (tokens per verification step) and peak RSS. Prompts are token ids from the golden files, so
+//! no tokenizer is needed. Output: one Markdown table row per configuration.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::engine::{Engine, EngineConfig, RowKind, TokenBytes};
+use engine_worker::model::{LoadFormat, Model, WeightType};
+use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// GGUF model file.
+    #[arg(
+        long,
+        env = "SPECULA_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    model: PathBuf,
+    /// Golden prompt directory (prompt ids).
+    #[arg(long, default_value = "../shared/golden/smollm2")]
+    golden: PathBuf,
+    /// Tokens generated per stream.
+    #[arg(long, default_value_t = 128)]
+    tokens: u32,
+    /// Comma list of stream counts.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Comma list of K values.
+    #[arg(long, default_value = "0,4", value_delimiter = ',')]
+    k: Vec<usize>,
+    /// Forward-pass threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Shortest n-gram the proposer matches.
+    #[arg(long, default_value_t = EngineConfig::default().ngram_min)]
+    ngram_min: usize,
+    /// Longest n-gram the proposer matches.
+    #[arg(long, default_value_t = EngineConfig::default().ngram_max)]
+    ngram_max: usize,
+    /// Comma list of prompts to run: repetitive, free-form.
+    #[arg(long, default_value = "repetitive,free-form", value_delimiter = ',')]
+    prompts: Vec<String>,
+}
+
+fn prompt_ids(dir: &std::path::Path, name: &str) -> anyhow::Result<Vec<u32>> {
+    let path = dir.join(name);
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?,
+    )?;
+    Ok(json["prompt_ids"]
+        .as_array()
+        .context("prompt_ids")?
+        .iter()
+        .map(|v| v.as_u64().unwrap_or(0) as u32)
+        .collect())
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<f64>().ok())
+            })
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+struct Run {
+    decode_tok_s: f64,
+    total_tok_s: f64,
+    mean_accept_len: f64,
+}
+
+fn bench(
+    model: &Model,
+    prompt: &[u32],
+    k: usize,
+    streams: usize,
+    args: &Args,
+) -> anyhow::Result<Run> {
+    let (tokens, threads) = (args.tokens, args.threads);
+    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let mut options = CpuBackendOptions::new(1024);
+    options.threads = threads;
+    let backend = CpuBackend::new(model.clone(), options)?;
+    let cfg = EngineConfig {
+        num_spec_tokens: k,
+        max_num_seqs: streams,
+        ngram_min: args.ngram_min,
+        ngram_max: args.ngram_max,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(backend, cfg, vocab);
+    for id in 0..streams as u64 {
+        engine
+            .add_request(AddRequest {
+                id,
+                prompt_token_ids: prompt.to_vec(),
+                sampling: SamplingParams::GREEDY,
+                stop: StopConditions {
+                    ignore_eos: true,
+                    ..StopConditions::default()
+                },
+                max_tokens: tokens,
+                arrival_unix_ms: 0,
+                owner: "bench".into(),
+            })
+            .map_err(|r| anyhow::anyhow!("rejected: {r:?}"))?;
+    }
+    let start = Instant::now();
+    let mut decode_start = None;
+    let (mut decode_tokens, mut all_tokens, mut steps, mut produced) =
+        (0usize, 0usize, 0usize, 0usize);
+    while engine.has_work() {
+        let rows = engine.step();
+        for row in &rows {
+            all_tokens += row.tokens.len();
+            if row.kind == RowKind::Verify {
+                decode_tokens += row.tokens.len();
+                steps += 1;
+                produced += row.accepted as usize + 1;
+            }
+        }
+        // Decode time starts once every stream has prefilled.
+        if decode_start.is_none() && rows.iter().filter(|r| r.kind == RowKind::Prefill).count() > 0
+        {
+            decode_start = Some(Instant::now());
+        }
+    }
+    let end = Instant::now();
+    let decode_secs = (end - decode_start.unwrap_or(start)).as_secs_f64();
+    Ok(Run {
+        decode_tok_s: decode_tokens as f64 / decode_secs,
+        total_tok_s: all_tokens as f64 / (end - start).as_secs_f64(),
+        mean_accept_len: produced as f64 / steps.max(1) as f64,
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let model = Model::load(&args.model, LoadFormat::Gguf, WeightType::Q4_1, 0)?;
+    // Repetitive: the code prompt's ids three times over (the model keeps repeating it);
+    // free-form: the story prompt.
+    let code = prompt_ids(&args.golden, "code.json")?;
+    let repetitive: Vec<u32> = code.iter().chain(&code).chain(&code).copied().collect();
+    let free = prompt_ids(&args.golden, "story.json")?;
+    println!("| prompt | streams | K | decode tok/s | end-to-end tok/s | mean accepted length |");
+    println!("|---|---|---|---|---|---|");
+    for (name, prompt) in [("repetitive", &repetitive), ("free-form", &free)] {
+        if !args.prompts.iter().any(|p| p == name) {
+            continue;
+        }
+        for &streams in &args.streams {
+            for &k in &args.k {
+                let r = bench(&model, prompt, k, streams, &args)?;
+                println!(
+                    "| {name} | {streams} | {k} | {:.1} | {:.1} | {:.2} |",
+                    r.decode_tok_s, r.total_tok_s, r.mean_accept_len
+                );
+            }
+        }
+    }
+    println!("\npeak RSS: {:.0} MiB", peak_rss_mib());
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! Engine limits and the admission check every request passes before it is queued.
+
+use proto::api_worker::{AddRequest, RejectReason};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// K: most draft tokens per verify step; 0 turns speculation off.
+    pub num_spec_tokens: usize,
+    pub ngram_min: usize,
+    pub ngram_max: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    /// Bound on the waiting queue; beyond it requests are refused as overloaded.
+    pub max_waiting: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_spec_tokens: 4,
+            ngram_min: 1,
+            ngram_max: 4,
+            max_num_seqs: 16,
+            max_num_batched_tokens: 2048,
+            max_model_len: 2048,
+            max_waiting: 1024,
+        }
+    }
+}
+
+/// Rejects a request that can never run: empty prompt, unknown token ids, bad parameters, or
+/// prompt plus `max_tokens` past the model length.
+pub fn validate_request(
+    req: &AddRequest,
+    max_model_len: usize,
+    vocab_size: usize,
+    has_token_bytes: bool,
+) -> Result<(), RejectReason> {
+    let invalid = |msg: String| Err(RejectReason::Invalid(msg));
+    let prompt = req.prompt_token_ids.len();
+    if prompt == 0 {
+        return invalid("prompt is empty".into());
+    }
+    if let Some(&bad) = req
+        .prompt_token_ids
+        .iter()
+        .find(|&&t| t as usize >= vocab_size)
+    {
+        return invalid(format!(
+            "prompt token id {bad} is outside the vocabulary ({vocab_size})"
+        ));
+    }
+    if req.max_tokens == 0 {
+        return invalid("max_tokens must be at least 1".into());
+    }
+    if prompt + req.max_tokens as usize > max_model_len {
+        return invalid(format!(
+            "prompt ({prompt} tokens) plus max_tokens ({}) exceeds the model length {max_model_len}",
+            req.max_tokens
+        ));
+    }
+    let s = &req.sampling;
+    if !s.temperature.is_finite() || s.temperature < 0.0 {
+        return invalid(format!(
+            "temperature {} is not a finite value >= 0",
+            s.temperature
+        ));
+    }
+    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+        return invalid(format!("top_p {} is not in (0, 1]", s.top_p));
+    }
+    if !req.stop.stop_strings.is_empty() && !has_token_bytes {
+        return invalid("stop strings need the model's vocabulary, which this model lacks".into());
+    }
+    Ok(())
+}

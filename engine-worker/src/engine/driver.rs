@@ -1,0 +1,374 @@
+//! [`Engine`]: owns the backend, scheduler and proposer, and runs one step at a time.
+
+use proto::api_worker::{AddRequest, RejectReason};
+use proto::worker_tp::ResyncRequest;
+use proto::{FinishReason, RequestId};
+
+use super::config::{validate_request, EngineConfig};
+use super::rows::{RowKind, RowOut, StartInfo};
+use super::stop::StopRules;
+use super::vocab::TokenBytes;
+use crate::backend::{Backend, LogitsFor, SeqForward};
+use crate::kv::{BlockAllocator, BlockTable};
+use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
+use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
+use crate::spec::{verify, NgramProposer, Proposer};
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    scheduler: Scheduler,
+    proposer: Option<Box<dyn Proposer>>,
+    cfg: EngineConfig,
+    vocab: Option<TokenBytes>,
+    eos_token_ids: Vec<u32>,
+    /// Rows of requests aborted between steps, emitted with the next step; their sequences are
+    /// kept until then so a resync still reports them.
+    pending: Vec<(RowOut, Option<Sequence>)>,
+}
+
+impl<B: Backend> Engine<B> {
+    /// `cfg.max_model_len` is clamped to what the model and the cache can hold, and the token
+    /// budget raised to fit one verify step of every running sequence.
+    pub fn new(backend: B, mut cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
+        let alloc = BlockAllocator::new(backend.num_blocks(), backend.block_size());
+        cfg.max_model_len = cfg
+            .max_model_len
+            .min(backend.config().max_position_embeddings)
+            .min(alloc.capacity_tokens());
+        cfg.max_num_batched_tokens = cfg
+            .max_num_batched_tokens
+            .max(cfg.max_num_seqs * (cfg.num_spec_tokens + 1));
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                max_model_len: cfg.max_model_len,
+                num_spec_tokens: cfg.num_spec_tokens,
+            },
+            alloc,
+        );
+        let proposer: Option<Box<dyn Proposer>> = (cfg.num_spec_tokens > 0)
+            .then(|| Box::new(NgramProposer::new(cfg.ngram_min, cfg.ngram_max)) as _);
+        let eos_token_ids = backend.config().eos_token_ids.clone();
+        Self {
+            backend,
+            scheduler,
+            proposer,
+            cfg,
+            vocab,
+            eos_token_ids,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    pub fn proposer_name(&self) -> &str {
+        self.proposer.as_ref().map_or("none", |p| p.name())
+    }
+
+    /// Stop strings can be checked (the model came with a vocabulary).
+    pub fn has_token_bytes(&self) -> bool {
+        self.vocab.is_some()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.scheduler.running().len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.waiting().len()
+    }
+
+    /// Work left: unfinished requests or rows not yet emitted.
+    pub fn has_work(&self) -> bool {
+        self.scheduler.num_unfinished() > 0 || !self.pending.is_empty()
+    }
+
+    /// Queues a request, or says why not.
+    pub fn add_request(&mut self, req: AddRequest) -> Result<(), RejectReason> {
+        validate_request(
+            &req,
+            self.cfg.max_model_len,
+            self.backend.config().vocab_size,
+            self.vocab.is_some(),
+        )?;
+        if self.scheduler.contains(req.id) || self.pending.iter().any(|p| p.0.id == req.id) {
+            return Err(RejectReason::Invalid(format!(
+                "request id {} is already in flight",
+                req.id
+            )));
+        }
+        if self.scheduler.waiting().len() >= self.cfg.max_waiting {
+            return Err(RejectReason::Overloaded);
+        }
+        let seed = req.sampling.seed.unwrap_or_else(rand::random);
+        self.scheduler.add(Sequence {
+            id: req.id,
+            owner: req.owner,
+            arrival_unix_ms: req.arrival_unix_ms,
+            prompt_len: req.prompt_token_ids.len(),
+            tokens: req.prompt_token_ids,
+            sampling: req.sampling,
+            seed,
+            stop: req.stop,
+            max_tokens: req.max_tokens as usize,
+            num_computed: 0,
+            blocks: BlockTable::default(),
+            prefilled: false,
+            drafted: Vec::new(),
+            accepted: Vec::new(),
+            announced: false,
+            output_bytes: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Aborts a request wherever it is; its abort row goes out with the next step. Returns
+    /// false for an unknown (e.g. already finished) id.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        self.end_request(id, FinishReason::Abort)
+    }
+
+    /// Aborts every request owned by `owner` (an api-server that went silent).
+    pub fn abort_owner(&mut self, owner: &str) -> usize {
+        let ids: Vec<RequestId> = self
+            .scheduler
+            .iter()
+            .filter(|s| s.owner == owner)
+            .map(|s| s.id)
+            .collect();
+        ids.iter().filter(|&&id| self.abort(id)).count()
+    }
+
+    /// Aborts everything (end of a drain).
+    pub fn abort_all(&mut self) -> usize {
+        let ids: Vec<RequestId> = self.scheduler.iter().map(|s| s.id).collect();
+        ids.iter().filter(|&&id| self.abort(id)).count()
+    }
+
+    fn end_request(&mut self, id: RequestId, finish: FinishReason) -> bool {
+        let Some(mut seq) = self.scheduler.remove(id) else {
+            return false;
+        };
+        let row = RowOut {
+            id,
+            kind: RowKind::Abort,
+            tokens: Vec::new(),
+            drafted: 0,
+            accepted: 0,
+            finish: Some(finish),
+            start: take_start(&mut seq),
+        };
+        self.pending.push((row, Some(seq)));
+        true
+    }
+
+    /// In-flight requests the token-processor has heard of, as of the next step batch.
+    pub fn resync_requests(&self) -> Vec<ResyncRequest> {
+        self.scheduler
+            .iter()
+            .chain(self.pending.iter().filter_map(|p| p.1.as_ref()))
+            .filter(|s| s.announced)
+            .map(|s| ResyncRequest {
+                id: s.id,
+                owner: s.owner.clone(),
+                prompt_tokens: s.prompt_len as u32,
+                arrival_unix_ms: s.arrival_unix_ms,
+                prefilled: s.prefilled,
+                tokens: s.output().to_vec(),
+                drafted: s.drafted.clone(),
+                accepted: s.accepted.clone(),
+            })
+            .collect()
+    }
+
+    /// Runs one step and returns its rows (empty when there is nothing to do).
+    pub fn step(&mut self) -> Vec<RowOut> {
+        let mut rows: Vec<RowOut> = self.pending.drain(..).map(|p| p.0).collect();
+        let plan = self.scheduler.schedule();
+        for id in plan.preempted {
+            rows.push(RowOut {
+                id,
+                kind: RowKind::Preempted,
+                tokens: Vec::new(),
+                drafted: 0,
+                accepted: 0,
+                finish: None,
+                start: None,
+            });
+        }
+        if self.scheduler.running().is_empty() {
+            return rows;
+        }
+        match self.run_forwards() {
+            Ok(verdicts) => self.apply(verdicts, &mut rows),
+            Err(err) => {
+                // The batch is lost; fail its requests explicitly rather than retry forever.
+                tracing::error!(error = %err, running = self.num_running(), "forward pass failed");
+                let ids: Vec<RequestId> = self.scheduler.running().iter().map(|s| s.id).collect();
+                for id in ids {
+                    self.end_request(id, FinishReason::Error);
+                }
+                rows.extend(self.pending.drain(..).map(|p| p.0));
+            }
+        }
+        rows
+    }
+
+    /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
+    /// running sequence its drafts count and verdict `(accepted, tokens)`.
+    fn run_forwards(&mut self) -> Result<Vec<(usize, usize, Vec<u32>)>, crate::EngineError> {
+        let running = self.scheduler.running();
+        let drafts: Vec<Vec<u32>> = running
+            .iter()
+            .map(|s| {
+                let mut out = Vec::new();
+                if let (Some(p), false) = (&self.proposer, s.phase() == SequencePhase::Prefill) {
+                    p.propose(&s.tokens, self.scheduler.max_drafts(s), &mut out);
+                }
+                out
+            })
+            .collect();
+        // Resumed sequences first rebuild their cache (all but the last token) in a forward of
+        // their own, so the verify forward below treats them like any running sequence.
+        let recompute: Vec<SeqForward<'_>> = running
+            .iter()
+            .filter(|s| s.phase() == SequencePhase::Recompute)
+            .map(|s| SeqForward {
+                tokens: &s.tokens[s.num_computed..s.len() - 1],
+                start_pos: s.num_computed,
+                block_table: s.blocks.blocks(),
+                logits: LogitsFor::Last,
+            })
+            .collect();
+        if !recompute.is_empty() {
+            self.backend.forward(&recompute)?;
+        }
+        let verify_inputs: Vec<Vec<u32>> = running
+            .iter()
+            .zip(&drafts)
+            .map(|(s, d)| {
+                let mut t = Vec::with_capacity(d.len() + 1);
+                t.push(*s.tokens.last().expect("sequences are never empty"));
+                t.extend_from_slice(d);
+                t
+            })
+            .collect();
+        let forwards: Vec<SeqForward<'_>> = running
+            .iter()
+            .zip(&verify_inputs)
+            .map(|(s, input)| match s.phase() {
+                SequencePhase::Prefill => SeqForward {
+                    tokens: &s.tokens[..s.prompt_len],
+                    start_pos: 0,
+                    block_table: s.blocks.blocks(),
+                    logits: LogitsFor::Last,
+                },
+                SequencePhase::Recompute | SequencePhase::Verify => SeqForward {
+                    tokens: input,
+                    start_pos: s.len() - 1,
+                    block_table: s.blocks.blocks(),
+                    logits: LogitsFor::All,
+                },
+            })
+            .collect();
+        let logits = self.backend.forward(&forwards)?;
+        let vocab = self.backend.config().vocab_size;
+        let expected: usize = forwards.iter().map(|f| f.logit_rows()).sum::<usize>() * vocab;
+        if logits.len() != expected {
+            return Err(crate::EngineError::InvalidBatch(format!(
+                "backend returned {} logits, expected {expected}",
+                logits.len()
+            )));
+        }
+        let mut offset = 0;
+        let mut verdicts = Vec::with_capacity(running.len());
+        for ((s, f), d) in running.iter().zip(&forwards).zip(&drafts) {
+            let rows = &logits[offset..offset + f.logit_rows() * vocab];
+            offset += rows.len();
+            let position = s.num_generated();
+            if f.logits == LogitsFor::Last {
+                let token = if is_greedy(&s.sampling) {
+                    argmax(rows)
+                } else {
+                    Distribution::new(rows, &s.sampling).sample(&mut position_rng(s.seed, position))
+                };
+                verdicts.push((0, 0, vec![token]));
+            } else {
+                let v = verify(rows, vocab, d, &s.sampling, s.seed, position);
+                verdicts.push((d.len(), v.accepted, v.tokens));
+            }
+        }
+        Ok(verdicts)
+    }
+
+    fn apply(&mut self, verdicts: Vec<(usize, usize, Vec<u32>)>, rows: &mut Vec<RowOut>) {
+        let rules = StopRules {
+            eos_token_ids: &self.eos_token_ids,
+            vocab: self.vocab.as_ref(),
+            max_model_len: self.cfg.max_model_len,
+        };
+        let mut finished = Vec::new();
+        for (seq, (drafted, accepted, tokens)) in
+            self.scheduler.running_mut().iter_mut().zip(verdicts)
+        {
+            let kind = if seq.prefilled {
+                RowKind::Verify
+            } else {
+                RowKind::Prefill
+            };
+            // The cache now holds every position up to the last accepted draft.
+            let cached_after = seq.len() + accepted;
+            let (appended, finish) = rules.append(seq, &tokens);
+            seq.num_computed = if kind == RowKind::Prefill {
+                seq.prompt_len
+            } else {
+                cached_after
+            };
+            if kind == RowKind::Verify {
+                seq.drafted.push(drafted as u8);
+                seq.accepted.push(accepted as u8);
+            }
+            seq.prefilled = true;
+            let new_tokens = seq.tokens[seq.len() - appended..].to_vec();
+            rows.push(RowOut {
+                id: seq.id,
+                kind,
+                tokens: new_tokens,
+                drafted: drafted as u8,
+                accepted: accepted as u8,
+                finish,
+                start: take_start(seq),
+            });
+            if finish.is_some() {
+                finished.push(seq.id);
+            }
+        }
+        for id in finished {
+            self.scheduler.remove(id);
+        }
+    }
+}
+
+/// The start facts, the first time a request appears in a row.
+fn take_start(seq: &mut Sequence) -> Option<StartInfo> {
+    if std::mem::replace(&mut seq.announced, true) {
+        return None;
+    }
+    Some(StartInfo {
+        owner: seq.owner.clone(),
+        prompt_tokens: seq.prompt_len as u32,
+        arrival_unix_ms: seq.arrival_unix_ms,
+    })
+}

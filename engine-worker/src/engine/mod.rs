@@ -1,0 +1,13 @@
+//! The step driver: schedule → propose → one batched forward (K+1 positions per running
+//! sequence plus prefills) → verify → append with stop checks → one row per request.
+
+mod config;
+mod driver;
+mod rows;
+mod stop;
+pub mod vocab;
+
+pub use config::{validate_request, EngineConfig};
+pub use driver::Engine;
+pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};
+pub use vocab::{TokenBytes, VocabKind};

@@ -1,0 +1,60 @@
+//! One step's outcome per request, and its wire form ([`StepBatch`]).
+
+use proto::worker_tp::{RequestStart, StepBatch, StepRow};
+use proto::{FinishReason, RequestId};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// The prefill step: one token, not a verification step.
+    Prefill,
+    /// A verification step: `accepted + 1` tokens, fewer when a stop condition cut it short.
+    Verify,
+    /// Preempted (recompute) this step; no tokens.
+    Preempted,
+    /// Aborted; no tokens, finish `abort` (or `error` when the engine failed it).
+    Abort,
+}
+
+/// Facts sent with a request's first row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartInfo {
+    pub owner: String,
+    pub prompt_tokens: u32,
+    pub arrival_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowOut {
+    pub id: RequestId,
+    pub kind: RowKind,
+    pub tokens: Vec<u32>,
+    pub drafted: u8,
+    pub accepted: u8,
+    pub finish: Option<FinishReason>,
+    pub start: Option<StartInfo>,
+}
+
+/// Packs a step's rows into the numbered batch the token-processor reads.
+pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> StepBatch {
+    let mut batch = StepBatch::new(worker_id.to_owned(), epoch, seq);
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(start) = &row.start {
+            batch.starts.push(RequestStart {
+                row: i as u32,
+                owner: start.owner.clone(),
+                prompt_tokens: start.prompt_tokens,
+                arrival_unix_ms: start.arrival_unix_ms,
+            });
+        }
+        batch.push(StepRow {
+            id: row.id,
+            tokens: &row.tokens,
+            drafted: row.drafted,
+            accepted: row.accepted,
+            prefill: row.kind == RowKind::Prefill,
+            preempted: row.kind == RowKind::Preempted,
+            finish: row.finish,
+        });
+    }
+    batch
+}

@@ -1,0 +1,72 @@
+//! Stop conditions, checked token by token as a step's tokens are appended.
+
+use proto::FinishReason;
+
+use super::vocab::TokenBytes;
+use crate::scheduler::Sequence;
+
+pub struct StopRules<'a> {
+    pub eos_token_ids: &'a [u32],
+    pub vocab: Option<&'a TokenBytes>,
+    pub max_model_len: usize,
+}
+
+impl StopRules<'_> {
+    /// Appends `new` to `seq` up to and including the first token that ends it; returns how many
+    /// were appended and why it ended, if it did.
+    pub fn append(&self, seq: &mut Sequence, new: &[u32]) -> (usize, Option<FinishReason>) {
+        for (i, &token) in new.iter().enumerate() {
+            seq.tokens.push(token);
+            if let Some(reason) = self.check(seq, token) {
+                return (i + 1, Some(reason));
+            }
+        }
+        (new.len(), None)
+    }
+
+    fn check(&self, seq: &mut Sequence, token: u32) -> Option<FinishReason> {
+        if !seq.stop.ignore_eos && self.eos_token_ids.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        if seq.stop.stop_token_ids.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        if !seq.stop.stop_strings.is_empty() {
+            if let Some(vocab) = self.vocab {
+                let before = seq.output_bytes.len();
+                seq.output_bytes.extend_from_slice(vocab.get(token));
+                if completes_stop_string(&seq.output_bytes, before, &seq.stop.stop_strings) {
+                    return Some(FinishReason::Stop);
+                }
+            }
+        }
+        if seq.num_generated() >= seq.max_tokens || seq.len() >= self.max_model_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
+
+/// Whether some stop string occurs in `text` ending after byte `old_len` (i.e. the bytes just
+/// added complete it).
+fn completes_stop_string(text: &[u8], old_len: usize, stops: &[String]) -> bool {
+    stops.iter().filter(|s| !s.is_empty()).any(|stop| {
+        let stop = stop.as_bytes();
+        let from = (old_len + 1).saturating_sub(stop.len());
+        text[from..].windows(stop.len()).any(|w| w == stop)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_string_must_end_in_the_new_bytes() {
+        let stops = vec!["ab".to_string()];
+        assert!(completes_stop_string(b"xxab", 3, &stops));
+        assert!(completes_stop_string(b"xxab", 2, &stops));
+        assert!(!completes_stop_string(b"abxx", 3, &stops));
+        assert!(!completes_stop_string(b"xxa", 2, &stops));
+    }
+}

@@ -1,0 +1,232 @@
+//! The api-server link: a ROUTER the api-servers connect to. In: hello, add, abort, heartbeat.
+//! Out: our hello (with readiness), heartbeats, and refusals. An api-server silent for three
+//! heartbeat intervals is presumed dead and its requests are aborted.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proto::api_worker::{ApiToWorker, RejectReason, WorkerToApi};
+use tokio::sync::mpsc::Receiver;
+use zeromq::{RouterSendHalf, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::{ApiOutbound, EngineCommand, WorkerStatus};
+use crate::engine::validate_request;
+
+/// Most api-servers remembered at once; hellos beyond it are ignored.
+const MAX_API_SERVERS: usize = 256;
+
+#[derive(Debug, Clone)]
+pub struct ApiLinkConfig {
+    pub heartbeat_interval: Duration,
+    /// Limits the link checks before queueing a request (the engine checks again).
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub has_token_bytes: bool,
+    pub max_waiting: usize,
+}
+
+struct ApiPeer {
+    routing_id: Bytes,
+    epoch: u64,
+    last_seen: Instant,
+}
+
+/// Binds the ROUTER; call before loading the model so peers get a not-ready hello meanwhile.
+pub async fn bind_api(endpoint: &str) -> Result<RouterSocket, zeromq::ZmqError> {
+    let mut socket = RouterSocket::new();
+    socket.bind(endpoint).await?;
+    Ok(socket)
+}
+
+/// Serves the api-servers until `shutdown` resolves.
+pub async fn run_api_link(
+    socket: RouterSocket,
+    status: Arc<WorkerStatus>,
+    commands: SyncSender<EngineCommand>,
+    mut from_engine: Receiver<ApiOutbound>,
+    limits: tokio::sync::watch::Receiver<Option<ApiLinkConfig>>,
+    heartbeat_interval: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    // Receiving runs in a task of its own that is never cancelled; frames reach this loop
+    // through a bounded channel (when it is full, the socket stops reading: backpressure).
+    let (mut socket, mut recv_half) = socket.split();
+    let (frames_tx, mut frames_rx) = tokio::sync::mpsc::channel::<ZmqMessage>(1024);
+    let receiver = tokio::spawn(async move {
+        while let Ok(msg) = recv_half.recv().await {
+            if frames_tx.send(msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut peers: HashMap<String, ApiPeer> = HashMap::new();
+    let mut heartbeat = tokio::time::interval(heartbeat_interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = frames_rx.recv() => {
+                let Some(msg) = msg else {
+                    tracing::error!("api socket closed");
+                    return;
+                };
+                let mut frames = msg.into_vec();
+                if frames.len() != 2 {
+                    tracing::warn!(parts = frames.len(), "api message with unexpected framing dropped");
+                    continue;
+                }
+                let payload = frames.pop().expect("two frames");
+                let routing_id = frames.pop().expect("two frames");
+                match proto::decode::<ApiToWorker>(&payload) {
+                    Ok(msg) => {
+                        let limits = limits.borrow().clone();
+                        handle(&mut socket, &mut peers, &status, &commands, limits.as_ref(), routing_id, msg).await;
+                    }
+                    Err(err) => tracing::warn!(error = %err, "undecodable api message dropped"),
+                }
+            }
+            out = from_engine.recv() => {
+                let Some(out) = out else { continue };
+                if let Some(peer) = peers.get(&out.owner) {
+                    send(&mut socket, peer.routing_id.clone(), &out.msg).await;
+                }
+            }
+            _ = heartbeat.tick() => {
+                let silent_after = heartbeat_interval * 3;
+                let dead: Vec<String> = peers
+                    .iter()
+                    .filter(|(_, p)| p.last_seen.elapsed() > silent_after)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in dead {
+                    peers.remove(&id);
+                    tracing::warn!(api_server = %id, "api-server silent for 3 heartbeat intervals");
+                    push_command(&commands, EngineCommand::AbortOwner(id)).await;
+                }
+                let beat = WorkerToApi::Heartbeat(status.heartbeat());
+                for peer in peers.values() {
+                    send(&mut socket, peer.routing_id.clone(), &beat).await;
+                }
+            }
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() {
+                    // A last heartbeat tells the api-servers we no longer accept.
+                    let beat = WorkerToApi::Heartbeat(status.heartbeat());
+                    for peer in peers.values() {
+                        send(&mut socket, peer.routing_id.clone(), &beat).await;
+                    }
+                    receiver.abort();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn handle(
+    socket: &mut RouterSendHalf,
+    peers: &mut HashMap<String, ApiPeer>,
+    status: &WorkerStatus,
+    commands: &SyncSender<EngineCommand>,
+    limits: Option<&ApiLinkConfig>,
+    routing_id: Bytes,
+    msg: ApiToWorker,
+) {
+    match msg {
+        ApiToWorker::Hello(hello) => {
+            if let Err(err) = proto::check_version(&hello.api_server_id, hello.protocol_version) {
+                tracing::warn!(error = %err, "api-server hello refused");
+                return;
+            }
+            if let Some(old) = peers.get(&hello.api_server_id) {
+                if old.epoch != hello.epoch {
+                    // Restarted: its old requests have no one to report to.
+                    push_command(
+                        commands,
+                        EngineCommand::AbortOwner(hello.api_server_id.clone()),
+                    )
+                    .await;
+                }
+            } else if peers.len() >= MAX_API_SERVERS {
+                tracing::warn!("too many api-servers; hello ignored");
+                return;
+            }
+            tracing::info!(api_server = %hello.api_server_id, "api-server said hello");
+            peers.insert(
+                hello.api_server_id,
+                ApiPeer {
+                    routing_id: routing_id.clone(),
+                    epoch: hello.epoch,
+                    last_seen: Instant::now(),
+                },
+            );
+            send(socket, routing_id, &WorkerToApi::Hello(status.hello())).await;
+        }
+        ApiToWorker::Heartbeat {
+            api_server_id,
+            epoch,
+        } => {
+            if let Some(peer) = peers.get_mut(&api_server_id).filter(|p| p.epoch == epoch) {
+                peer.last_seen = Instant::now();
+                peer.routing_id = routing_id;
+            } else {
+                // Unknown (e.g. we restarted): our hello prompts it to say hello again.
+                send(socket, routing_id, &WorkerToApi::Hello(status.hello())).await;
+            }
+        }
+        ApiToWorker::Add(req) => {
+            let id = req.id;
+            let reject = |reason| WorkerToApi::Rejected { id, reason };
+            let verdict = match limits {
+                _ if !status.accepting() => Err(RejectReason::NotAccepting),
+                None => Err(RejectReason::NotAccepting),
+                Some(l) if status.waiting() >= l.max_waiting => Err(RejectReason::Overloaded),
+                Some(l) => validate_request(&req, l.max_model_len, l.vocab_size, l.has_token_bytes),
+            };
+            if let Err(reason) = verdict {
+                send(socket, routing_id, &reject(reason)).await;
+                return;
+            }
+            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
+                commands.try_send(EngineCommand::Add(req))
+            {
+                send(socket, routing_id, &reject(RejectReason::Overloaded)).await;
+            }
+        }
+        ApiToWorker::Abort(abort) => {
+            push_command(commands, EngineCommand::Abort(abort.id)).await;
+        }
+    }
+}
+
+/// Aborts must not be lost: wait for room (off the async threads) when the queue is full.
+pub async fn push_command(commands: &SyncSender<EngineCommand>, cmd: EngineCommand) {
+    match commands.try_send(cmd) {
+        Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+        Err(TrySendError::Full(cmd)) => {
+            let commands = commands.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = commands.send(cmd);
+            })
+            .await;
+        }
+    }
+}
+
+async fn send(socket: &mut RouterSendHalf, routing_id: Bytes, msg: &WorkerToApi) {
+    let frame = match proto::encode(msg) {
+        Ok(frame) => frame,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot encode message for an api-server");
+            return;
+        }
+    };
+    let mut message = ZmqMessage::from(frame);
+    message.push_front(routing_id);
+    // A vanished peer is normal; its heartbeats stop and it is dropped in time.
+    if let Ok(Err(err)) = tokio::time::timeout(Duration::from_secs(1), socket.send(message)).await {
+        tracing::debug!(error = %err, "send to api-server failed");
+    }
+}

@@ -1,0 +1,38 @@
+//! Messages between the step loop and the I/O tasks.
+
+use std::time::Instant;
+
+use proto::api_worker::{AddRequest, WorkerToApi};
+use proto::worker_tp::{Resync, StepBatch};
+use proto::RequestId;
+
+/// I/O → step loop.
+#[derive(Debug)]
+pub enum EngineCommand {
+    Add(AddRequest),
+    Abort(RequestId),
+    /// An api-server went silent: abort everything it owns.
+    AbortOwner(String),
+    /// Shutdown: finish what runs until `deadline`, abort the rest, say goodbye, stop.
+    Drain {
+        deadline: Instant,
+    },
+}
+
+/// Step loop → token-processor link, in send order.
+#[derive(Debug)]
+pub enum TpOutbound {
+    Step(StepBatch),
+    /// The in-flight state; the link sends a hello right before it.
+    Resync(Resync),
+    /// Last message: everything is finished.
+    Goodbye,
+}
+
+/// Step loop → api-server link (requests the engine itself refused).
+#[derive(Debug)]
+pub struct ApiOutbound {
+    /// `api_server_id` of the request's owner.
+    pub owner: String,
+    pub msg: WorkerToApi,
+}

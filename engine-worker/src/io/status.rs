@@ -1,0 +1,110 @@
+//! State the step loop publishes for the I/O tasks' hellos and heartbeats.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use proto::worker_tp::{Heartbeat, WorkerHello};
+
+#[derive(Debug)]
+pub struct WorkerStatus {
+    pub worker_id: String,
+    pub epoch: u64,
+    pub num_spec_tokens: u32,
+    pub proposer: String,
+    pub heartbeat_interval_ms: u32,
+    model: RwLock<String>,
+    ready: AtomicBool,
+    draining: AtomicBool,
+    next_seq: AtomicU64,
+    running: AtomicU32,
+    waiting: AtomicU32,
+    resync_requested: AtomicBool,
+}
+
+impl WorkerStatus {
+    pub fn new(
+        worker_id: String,
+        epoch: u64,
+        model: String,
+        num_spec_tokens: u32,
+        proposer: String,
+        heartbeat_interval_ms: u32,
+    ) -> Self {
+        Self {
+            worker_id,
+            epoch,
+            num_spec_tokens,
+            proposer,
+            heartbeat_interval_ms,
+            model: RwLock::new(model),
+            ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            next_seq: AtomicU64::new(0),
+            running: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            resync_requested: AtomicBool::new(false),
+        }
+    }
+
+    /// The model is loaded: hellos say ready from now on.
+    pub fn set_ready(&self, model: String) {
+        *self.model.write().unwrap_or_else(|e| e.into_inner()) = model;
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes new requests: loaded and not draining.
+    pub fn accepting(&self) -> bool {
+        self.is_ready() && !self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn publish(&self, next_seq: u64, running: usize, waiting: usize) {
+        self.next_seq.store(next_seq, Ordering::SeqCst);
+        self.running.store(running as u32, Ordering::SeqCst);
+        self.waiting.store(waiting as u32, Ordering::SeqCst);
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst) as usize
+    }
+
+    /// The token-processor link (re)connected and needs the in-flight state.
+    pub fn request_resync(&self) {
+        self.resync_requested.store(true, Ordering::SeqCst);
+    }
+
+    pub fn take_resync_request(&self) -> bool {
+        self.resync_requested.swap(false, Ordering::SeqCst)
+    }
+
+    pub fn hello(&self) -> WorkerHello {
+        WorkerHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            worker_id: self.worker_id.clone(),
+            epoch: self.epoch,
+            model: self.model.read().unwrap_or_else(|e| e.into_inner()).clone(),
+            num_spec_tokens: self.num_spec_tokens,
+            proposer: self.proposer.clone(),
+            ready: self.is_ready(),
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+        }
+    }
+
+    pub fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            worker_id: self.worker_id.clone(),
+            epoch: self.epoch,
+            next_seq: self.next_seq.load(Ordering::SeqCst),
+            running: self.running.load(Ordering::SeqCst),
+            waiting: self.waiting.load(Ordering::SeqCst),
+            accepting: self.accepting(),
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The step loop: runs on its own OS thread (the forward pass is CPU-bound), takes commands,
+//! steps the engine, numbers the step batches and hands them to the token-processor link.
+//! It never blocks on I/O: a full outbound queue drops the batch and schedules a resync.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::api_worker::WorkerToApi;
+use proto::worker_tp::Resync;
+use tokio::sync::mpsc::Sender;
+
+use super::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
+use crate::backend::Backend;
+use crate::engine::{to_step_batch, Engine};
+use crate::trace::TraceWriter;
+
+/// How long the idle loop sleeps between looks at its inputs.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+/// Bound on handing the final batch and goodbye to the link at shutdown.
+const FINAL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct StepLoopIo {
+    pub commands: Receiver<EngineCommand>,
+    pub to_tp: Sender<TpOutbound>,
+    pub to_api: Sender<ApiOutbound>,
+    pub status: Arc<WorkerStatus>,
+    pub trace: Option<TraceWriter>,
+    /// Send systemd WATCHDOG=1 pings (NOTIFY_SOCKET is set).
+    pub watchdog: bool,
+}
+
+/// Runs until a drain completes or the command channel closes.
+pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
+    let mut next_seq = 0u64;
+    let mut needs_resync = false;
+    let mut drain_deadline: Option<Instant> = None;
+    let mut last_watchdog = Instant::now();
+    loop {
+        // Commands: block briefly only when idle.
+        let mut first = if engine.has_work() {
+            io.commands.try_recv().ok()
+        } else {
+            match io.commands.recv_timeout(IDLE_POLL) {
+                Ok(cmd) => Some(cmd),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    tracing::info!("command channel closed; step loop exits");
+                    return;
+                }
+            }
+        };
+        while let Some(cmd) = first.take().or_else(|| io.commands.try_recv().ok()) {
+            handle_command(&mut engine, cmd, &io, &mut drain_deadline);
+        }
+        if io.status.take_resync_request() {
+            needs_resync = true;
+        }
+        if needs_resync && io.to_tp.capacity() > 0 {
+            let resync = Resync {
+                worker_id: io.status.worker_id.clone(),
+                epoch: io.status.epoch,
+                next_seq,
+                requests: engine.resync_requests(),
+            };
+            needs_resync = io.to_tp.try_send(TpOutbound::Resync(resync)).is_err();
+        }
+        let draining_done =
+            drain_deadline.is_some_and(|deadline| !engine.has_work() || Instant::now() >= deadline);
+        if draining_done {
+            let aborted = engine.abort_all();
+            if aborted > 0 {
+                tracing::warn!(
+                    aborted,
+                    "drain deadline passed; aborting unfinished requests"
+                );
+            }
+        }
+        if engine.has_work() {
+            let rows = engine.step();
+            if !rows.is_empty() {
+                if let Some(trace) = io.trace.as_mut() {
+                    if let Err(err) = trace.record(&rows) {
+                        tracing::error!(error = %err, "cannot write acceptance trace; tracing stops");
+                        io.trace = None;
+                    }
+                }
+                let batch = to_step_batch(&rows, &io.status.worker_id, io.status.epoch, next_seq);
+                next_seq += 1;
+                let msg = TpOutbound::Step(batch);
+                if draining_done {
+                    send_with_deadline(&io.to_tp, msg);
+                } else if !needs_resync && io.to_tp.try_send(msg).is_err() {
+                    // The link is behind or down: drop, and resync once it catches up.
+                    tracing::warn!(
+                        seq = next_seq - 1,
+                        "outbound queue full; batch dropped, resync scheduled"
+                    );
+                    needs_resync = true;
+                }
+            }
+        }
+        io.status
+            .publish(next_seq, engine.num_running(), engine.num_waiting());
+        if io.watchdog && last_watchdog.elapsed() >= Duration::from_secs(1) {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            last_watchdog = Instant::now();
+        }
+        if draining_done {
+            send_with_deadline(&io.to_tp, TpOutbound::Goodbye);
+            tracing::info!(batches = next_seq, "drained; step loop exits");
+            return;
+        }
+    }
+}
+
+fn handle_command<B: Backend>(
+    engine: &mut Engine<B>,
+    cmd: EngineCommand,
+    io: &StepLoopIo,
+    drain_deadline: &mut Option<Instant>,
+) {
+    match cmd {
+        EngineCommand::Add(req) => {
+            let (id, owner) = (req.id, req.owner.clone());
+            let result = if drain_deadline.is_some() {
+                Err(proto::api_worker::RejectReason::NotAccepting)
+            } else {
+                engine.add_request(req)
+            };
+            if let Err(reason) = result {
+                tracing::info!(?reason, "request rejected");
+                let msg = WorkerToApi::Rejected { id, reason };
+                if io.to_api.try_send(ApiOutbound { owner, msg }).is_err() {
+                    tracing::error!("api outbound queue full; a rejection was dropped");
+                }
+            }
+        }
+        EngineCommand::Abort(id) => {
+            engine.abort(id);
+        }
+        EngineCommand::AbortOwner(owner) => {
+            let aborted = engine.abort_owner(&owner);
+            tracing::warn!(owner = %owner, aborted, "api-server silent; its requests aborted");
+        }
+        EngineCommand::Drain { deadline } => {
+            tracing::info!(
+                running = engine.num_running(),
+                waiting = engine.num_waiting(),
+                "draining"
+            );
+            *drain_deadline = Some(deadline);
+        }
+    }
+}
+
+/// Final messages must not be dropped, but the loop must not hang on a dead link either.
+fn send_with_deadline(tx: &Sender<TpOutbound>, mut msg: TpOutbound) {
+    let deadline = Instant::now() + FINAL_SEND_TIMEOUT;
+    loop {
+        match tx.try_send(msg) {
+            Ok(()) => return,
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(back)) => {
+                if Instant::now() >= deadline {
+                    tracing::error!("token-processor link stuck; final message dropped");
+                    return;
+                }
+                msg = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}

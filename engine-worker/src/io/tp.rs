@@ -1,0 +1,151 @@
+//! The token-processor link: PUSH, connected by us, re-created with backoff whenever it breaks
+//! (the zeromq crate reconnects only SUB sockets). Every (re)connect says hello and asks the step
+//! loop for a resync; batches queued before that resync are stale and dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use proto::worker_tp::WorkerToTp;
+use tokio::sync::mpsc::Receiver;
+use zeromq::{PushSocket, Socket, SocketEvent, SocketOptions, SocketSend, ZmqMessage};
+
+use super::{TpOutbound, WorkerStatus};
+
+#[derive(Debug, Clone)]
+pub struct TpLinkConfig {
+    pub endpoint: String,
+    pub heartbeat_interval: Duration,
+    /// A send blocked longer than this means a stalled peer: reconnect and resync.
+    pub send_timeout: Duration,
+    /// How long to let the last messages reach the wire before closing.
+    pub linger: Duration,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+enum LinkEnd {
+    /// The step loop said goodbye (or went away): stop.
+    Finished,
+    /// The connection broke: reconnect.
+    Broken,
+}
+
+/// Runs the link until the step loop's goodbye has been sent (or the step loop is gone).
+pub async fn run_tp_link(
+    cfg: TpLinkConfig,
+    status: Arc<WorkerStatus>,
+    mut rx: Receiver<TpOutbound>,
+) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(CONNECT_TIMEOUT);
+        let mut socket = PushSocket::with_options(options);
+        let monitor = socket.monitor();
+        if let Err(err) = socket.connect(&cfg.endpoint).await {
+            tracing::debug!(endpoint = %cfg.endpoint, error = %err, "token-processor unreachable");
+            // Keep the step loop's queue moving while down; a resync follows the reconnect.
+            while let Ok(msg) = rx.try_recv() {
+                if matches!(msg, TpOutbound::Goodbye) {
+                    tracing::warn!(
+                        "shutting down without a token-processor; goodbye not delivered"
+                    );
+                    return;
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            continue;
+        }
+        tracing::info!(endpoint = %cfg.endpoint, "connected to token-processor");
+        backoff = BACKOFF_MIN;
+        match serve_connection(&cfg, &status, &mut rx, &mut socket, monitor).await {
+            LinkEnd::Finished => {
+                tokio::time::sleep(cfg.linger).await;
+                return;
+            }
+            LinkEnd::Broken => {
+                tracing::warn!(endpoint = %cfg.endpoint, "token-processor link broken; reconnecting");
+            }
+        }
+    }
+}
+
+async fn send(socket: &mut PushSocket, msg: &WorkerToTp, timeout: Duration) -> bool {
+    let frame = match proto::encode(msg) {
+        Ok(frame) => frame,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot encode message for the token-processor");
+            return true;
+        }
+    };
+    matches!(
+        tokio::time::timeout(timeout, socket.send(ZmqMessage::from(frame))).await,
+        Ok(Ok(()))
+    )
+}
+
+async fn serve_connection(
+    cfg: &TpLinkConfig,
+    status: &WorkerStatus,
+    rx: &mut Receiver<TpOutbound>,
+    socket: &mut PushSocket,
+    mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
+) -> LinkEnd {
+    status.request_resync();
+    if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
+        return LinkEnd::Broken;
+    }
+    let mut awaiting_resync = true;
+    let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => {
+                let Some(msg) = msg else { return LinkEnd::Finished };
+                let wire = match msg {
+                    TpOutbound::Step(batch) => {
+                        if awaiting_resync {
+                            continue;
+                        }
+                        WorkerToTp::Step(batch)
+                    }
+                    TpOutbound::Resync(resync) => {
+                        // A resync always follows a hello, also one after a local overflow.
+                        if !awaiting_resync
+                            && !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await
+                        {
+                            return LinkEnd::Broken;
+                        }
+                        awaiting_resync = false;
+                        WorkerToTp::Resync(resync)
+                    }
+                    TpOutbound::Goodbye => {
+                        let bye = WorkerToTp::Goodbye {
+                            worker_id: status.worker_id.clone(),
+                            epoch: status.epoch,
+                        };
+                        send(socket, &bye, cfg.send_timeout).await;
+                        return LinkEnd::Finished;
+                    }
+                };
+                if !send(socket, &wire, cfg.send_timeout).await {
+                    return LinkEnd::Broken;
+                }
+            }
+            _ = heartbeat.tick() => {
+                if !send(socket, &WorkerToTp::Heartbeat(status.heartbeat()), cfg.send_timeout).await {
+                    return LinkEnd::Broken;
+                }
+            }
+            event = monitor.next() => {
+                if matches!(event, Some(SocketEvent::Disconnected(_)) | None) {
+                    return LinkEnd::Broken;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The target distribution of one logits row under a request's sampling parameters.
+
+use proto::api_worker::SamplingParams;
+use rand::Rng;
+
+/// Index of the largest logit; the lowest index wins ties, NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_val = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_val {
+            best_val = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// A normalized distribution over its support (token id, probability), highest first when
+/// top-k/top-p truncated it, in id order otherwise.
+#[derive(Debug, Clone)]
+pub struct Distribution {
+    support: Vec<(u32, f64)>,
+}
+
+impl Distribution {
+    /// Softmax of `logits / temperature`, restricted to the top-k, then to the smallest prefix
+    /// whose mass reaches top-p, renormalized. `temperature` must be positive.
+    pub fn new(logits: &[f32], params: &SamplingParams) -> Self {
+        let inv_t = 1.0 / f64::from(params.temperature);
+        let mut support: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, f64::from(v) * inv_t))
+            .collect();
+        if support.is_empty() {
+            return Self {
+                support: vec![(0, 1.0)],
+            };
+        }
+        let by_prob_desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let top_k = params.top_k as usize;
+        if top_k > 0 && top_k < support.len() {
+            support.select_nth_unstable_by(top_k - 1, by_prob_desc);
+            support.truncate(top_k);
+        }
+        let truncating_p = params.top_p > 0.0 && params.top_p < 1.0;
+        if truncating_p || top_k > 0 {
+            support.sort_unstable_by(by_prob_desc);
+        }
+        let max = support
+            .iter()
+            .map(|e| e.1)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let mut total = 0.0;
+        for e in &mut support {
+            e.1 = (e.1 - max).exp();
+            total += e.1;
+        }
+        for e in &mut support {
+            e.1 /= total;
+        }
+        if truncating_p {
+            let mut mass = 0.0;
+            let mut keep = support.len();
+            for (i, e) in support.iter().enumerate() {
+                mass += e.1;
+                if mass >= f64::from(params.top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            support.truncate(keep);
+            let kept: f64 = support.iter().map(|e| e.1).sum();
+            for e in &mut support {
+                e.1 /= kept;
+            }
+        }
+        Self { support }
+    }
+
+    pub fn support(&self) -> &[(u32, f64)] {
+        &self.support
+    }
+
+    pub fn prob(&self, token: u32) -> f64 {
+        self.support
+            .iter()
+            .find(|e| e.0 == token)
+            .map_or(0.0, |e| e.1)
+    }
+
+    /// Draws one token.
+    pub fn sample(&self, rng: &mut impl Rng) -> u32 {
+        self.sample_excluding(None, rng)
+    }
+
+    /// Draws from the distribution with `excluded` removed and the rest renormalized (the
+    /// residual of speculative sampling against a point-mass draft). Falls back to the full
+    /// distribution if `excluded` held all the mass.
+    pub fn sample_excluding(&self, excluded: Option<u32>, rng: &mut impl Rng) -> u32 {
+        let removed = excluded.map_or(0.0, |x| self.prob(x));
+        let total = 1.0 - removed;
+        let (skip, total) = if total > 1e-12 {
+            (excluded, total)
+        } else {
+            (None, 1.0)
+        };
+        let mut u = rng.gen::<f64>() * total;
+        let mut last = self.support[0].0;
+        for &(id, p) in &self.support {
+            if Some(id) == skip {
+                continue;
+            }
+            last = id;
+            if u < p {
+                return id;
+            }
+            u -= p;
+        }
+        // Rounding left a sliver of mass: the last eligible token takes it.
+        last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::position_rng;
+
+    fn params(temperature: f32, top_p: f32, top_k: u32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed: None,
+        }
+    }
+
+    #[test]
+    fn argmax_prefers_lowest_index_on_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
+    }
+
+    #[test]
+    fn top_k_and_top_p_truncate() {
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let d = Distribution::new(&logits, &params(1.0, 1.0, 2));
+        assert_eq!(
+            d.support().iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![3, 2]
+        );
+        assert!((d.support().iter().map(|e| e.1).sum::<f64>() - 1.0).abs() < 1e-12);
+        // p(3) = 0.644 under softmax; top-p 0.5 keeps only token 3.
+        let d = Distribution::new(&logits, &params(1.0, 0.5, 0));
+        assert_eq!(d.support().len(), 1);
+        assert_eq!(d.prob(3), 1.0);
+    }
+
+    #[test]
+    fn sample_excluding_never_returns_the_excluded_token() {
+        let d = Distribution::new(&[0.0, 0.0, 5.0], &params(1.0, 1.0, 0));
+        for pos in 0..500 {
+            assert_ne!(d.sample_excluding(Some(2), &mut position_rng(1, pos)), 2);
+        }
+    }
+
+    #[test]
+    fn sampling_follows_the_probabilities() {
+        let d = Distribution::new(&[0.0, (3.0f32).ln()], &params(1.0, 1.0, 0));
+        let ones = (0..20_000)
+            .filter(|&pos| d.sample(&mut position_rng(9, pos)) == 1)
+            .count();
+        // p(1) = 0.75; 20k draws give a standard deviation of ~0.003.
+        assert!((ones as f64 / 20_000.0 - 0.75).abs() < 0.015, "{ones}");
+    }
+}

@@ -1,0 +1,209 @@
+//! The scheduling policy: which sequences run this step and which wait or get preempted.
+
+use std::collections::VecDeque;
+
+use proto::RequestId;
+
+use super::{Sequence, SequencePhase};
+use crate::kv::BlockAllocator;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens one step's forward passes may carry (prompt tokens plus K+1 per verify).
+    pub max_num_batched_tokens: usize,
+    /// Most positions (prompt plus output) a sequence may reach.
+    pub max_model_len: usize,
+    /// K: draft tokens a verify step may carry.
+    pub num_spec_tokens: usize,
+}
+
+/// The outcome of [`Scheduler::schedule`]: every sequence left in `running` runs this step.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Sequences preempted (recompute) this step, now at the front of the waiting queue.
+    pub preempted: Vec<RequestId>,
+    /// Sequences moved from waiting to running this step.
+    pub admitted: usize,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    alloc: BlockAllocator,
+    waiting: VecDeque<Sequence>,
+    /// In admission order: the newest sequence is preempted first.
+    running: Vec<Sequence>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, alloc: BlockAllocator) -> Self {
+        Self {
+            cfg,
+            alloc,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+
+    pub fn waiting(&self) -> &VecDeque<Sequence> {
+        &self.waiting
+    }
+
+    pub fn running(&self) -> &[Sequence] {
+        &self.running
+    }
+
+    pub fn running_mut(&mut self) -> &mut [Sequence] {
+        &mut self.running
+    }
+
+    pub fn num_unfinished(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.running.iter().any(|s| s.id == id) || self.waiting.iter().any(|s| s.id == id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter().chain(self.waiting.iter())
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Most draft tokens `seq` may carry this step: K, but never past the model length nor past
+    /// the last token `max_tokens` allows (the bonus token comes on top of the drafts).
+    pub fn max_drafts(&self, seq: &Sequence) -> usize {
+        let room_in_model = self.cfg.max_model_len.saturating_sub(seq.len());
+        let room_in_output = seq.max_tokens.saturating_sub(seq.num_generated() + 1);
+        self.cfg
+            .num_spec_tokens
+            .min(room_in_model)
+            .min(room_in_output)
+    }
+
+    /// Positions whose cache slots `seq` needs this step, and the tokens its forward carries.
+    fn demand(&self, seq: &Sequence) -> (usize, usize) {
+        match seq.phase() {
+            SequencePhase::Prefill => (seq.prompt_len, seq.prompt_len),
+            SequencePhase::Recompute | SequencePhase::Verify => {
+                let drafts = self.max_drafts(seq);
+                let recompute = seq.len() - 1 - seq.num_computed;
+                (seq.len() + drafts, recompute + 1 + drafts)
+            }
+        }
+    }
+
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut i = 0;
+        while i < self.running.len() {
+            let (positions, tokens) = self.demand(&self.running[i]);
+            let seq = &mut self.running[i];
+            if seq.blocks.reserve(&mut self.alloc, positions) {
+                budget = budget.saturating_sub(tokens);
+                i += 1;
+                continue;
+            }
+            // Out of blocks: recompute the newest sequence later (possibly this one).
+            let mut victim = self.running.pop().expect("index i is in range");
+            victim.blocks.release_all(&mut self.alloc);
+            victim.num_computed = 0;
+            plan.preempted.push(victim.id);
+            self.waiting.push_front(victim);
+        }
+        // Admitting right after a preemption would only thrash.
+        if !plan.preempted.is_empty() {
+            return plan;
+        }
+        while let Some(front) = self.waiting.front() {
+            if self.running.len() >= self.cfg.max_num_seqs {
+                break;
+            }
+            let (positions, tokens) = self.demand(front);
+            // A prompt larger than the whole budget still runs, alone, rather than never.
+            let alone = budget == self.cfg.max_num_batched_tokens;
+            if tokens > budget && !alone {
+                break;
+            }
+            if front.blocks.missing_blocks(&self.alloc, positions) > self.alloc.num_free() {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            let reserved = seq.blocks.reserve(&mut self.alloc, positions);
+            debug_assert!(reserved, "free blocks checked above");
+            budget = budget.saturating_sub(tokens);
+            self.running.push(seq);
+            plan.admitted += 1;
+        }
+        plan
+    }
+
+    /// Removes a sequence (finished or aborted) wherever it is and frees its blocks.
+    pub fn remove(&mut self, id: RequestId) -> Option<Sequence> {
+        let mut seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i).expect("index from position")
+        };
+        seq.blocks.release_all(&mut self.alloc);
+        Some(seq)
+    }
+
+    /// Every block is either free or in exactly one table; waiting sequences hold none; running
+    /// ones hold enough for their cached positions; the caps hold.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut owner = vec![false; self.alloc.num_blocks()];
+        let mut held = 0;
+        for seq in &self.running {
+            if seq.blocks.len() < self.alloc.blocks_for(seq.num_computed) {
+                return Err(format!(
+                    "request {} caches more than its blocks hold",
+                    seq.id
+                ));
+            }
+            if seq.len() > self.cfg.max_model_len {
+                return Err(format!("request {} is past max_model_len", seq.id));
+            }
+            for &b in seq.blocks.blocks() {
+                if !self.alloc.is_allocated(b) || std::mem::replace(&mut owner[b as usize], true) {
+                    return Err(format!("block {b} is shared or not allocated"));
+                }
+                held += 1;
+            }
+        }
+        if let Some(seq) = self
+            .waiting
+            .iter()
+            .find(|s| !s.blocks.is_empty() || s.num_computed > 0)
+        {
+            return Err(format!("waiting request {} holds cache", seq.id));
+        }
+        if held + self.alloc.num_free() != self.alloc.num_blocks() {
+            return Err(format!(
+                "{} blocks held + {} free != {}",
+                held,
+                self.alloc.num_free(),
+                self.alloc.num_blocks()
+            ));
+        }
+        if self.running.len() > self.cfg.max_num_seqs {
+            return Err("more running sequences than max_num_seqs".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! One request's state inside the engine.
+
+use proto::api_worker::{SamplingParams, StopConditions};
+use proto::RequestId;
+
+use crate::kv::BlockTable;
+
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: RequestId,
+    pub owner: String,
+    pub arrival_unix_ms: u64,
+    pub prompt_len: usize,
+    /// Prompt followed by the output so far.
+    pub tokens: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// The request's seed, or one drawn at admission when it gave none.
+    pub seed: u64,
+    pub stop: StopConditions,
+    pub max_tokens: usize,
+    /// Positions whose keys/values are in the cache (0 after a preemption).
+    pub num_computed: usize,
+    pub blocks: BlockTable,
+    /// The prefill step ran (a preemption does not undo it: resumption is a verify step).
+    pub prefilled: bool,
+    /// `(drafted, accepted)` of every verification step, for resyncs.
+    pub drafted: Vec<u8>,
+    pub accepted: Vec<u8>,
+    /// The request already appeared in a step batch (its start facts were sent).
+    pub announced: bool,
+    /// Decoded bytes of the output, kept only when the request has stop strings.
+    pub output_bytes: Vec<u8>,
+}
+
+/// What a scheduled sequence runs this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequencePhase {
+    /// First forward over the prompt; yields one token.
+    Prefill,
+    /// Resumed after preemption: recompute the cache for all but the last token, then verify.
+    Recompute,
+    /// Verify `[last, drafts..]`.
+    Verify,
+}
+
+impl Sequence {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn phase(&self) -> SequencePhase {
+        if !self.prefilled {
+            SequencePhase::Prefill
+        } else if self.num_computed + 1 < self.tokens.len() {
+            SequencePhase::Recompute
+        } else {
+            SequencePhase::Verify
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Test support: a tiny deterministic "model" behind the real `Backend` trait, and request
+//! helpers. Not every test binary uses every item.
+#![allow(dead_code)]
+
+use engine_worker::backend::{Backend, LogitsFor, SeqForward};
+use engine_worker::engine::{Engine, EngineConfig, RowKind, RowOut};
+use engine_worker::model::ModelConfig;
+use engine_worker::EngineError;
+use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
+use proto::{FinishReason, RequestId};
+use std::collections::HashMap;
+
+/// A toy language model whose paged "KV cache" stores, per position, the token and a hash chain
+/// over the whole prefix (like real keys/values, a function of every earlier token). Reading a
+/// position re-derives the chain through the block table, so a wrong table, a block shared by
+/// two sequences or a stale slot is an error, not a silently different answer. The next-token
+/// logits depend on the last two tokens only, so greedy text turns periodic and n-gram drafts
+/// get accepted.
+pub struct ToyBackend {
+    config: ModelConfig,
+    block_size: usize,
+    num_blocks: usize,
+    /// `(token, chain)` per slot `block * block_size + offset`.
+    slots: Vec<Option<(u32, u64)>>,
+    /// Logit scale: larger is peakier.
+    pub sharpness: f32,
+    pub forwards: usize,
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut x = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    x
+}
+
+/// The toy model's logits after `prev, cur`.
+pub fn toy_logits(vocab: usize, sharpness: f32, prev: Option<u32>, cur: u32) -> Vec<f32> {
+    let ctx = mix(u64::from(prev.map_or(u32::MAX, |p| p)), u64::from(cur) + 1);
+    (0..vocab)
+        .map(|v| {
+            let h = mix(ctx, v as u64 + 17);
+            sharpness * ((h >> 11) as f32 / (1u64 << 53) as f32)
+        })
+        .collect()
+}
+
+impl ToyBackend {
+    pub fn new(vocab: usize, eos: Vec<u32>, num_blocks: usize, block_size: usize) -> Self {
+        let mut config = ModelConfig::tiny();
+        config.name = "toy".into();
+        config.vocab_size = vocab;
+        config.eos_token_ids = eos;
+        config.max_position_embeddings = 1 << 20;
+        Self {
+            config,
+            block_size,
+            num_blocks,
+            slots: vec![None; num_blocks * block_size],
+            sharpness: 8.0,
+            forwards: 0,
+        }
+    }
+
+    fn slot(&self, table: &[u32], pos: usize) -> Result<usize, EngineError> {
+        let block = *table.get(pos / self.block_size).ok_or_else(|| {
+            EngineError::InvalidBatch(format!("position {pos} past the block table"))
+        })? as usize;
+        if block >= self.num_blocks {
+            return Err(EngineError::InvalidBatch(format!(
+                "block {block} out of range"
+            )));
+        }
+        Ok(block * self.block_size + pos % self.block_size)
+    }
+
+    fn read(&self, table: &[u32], pos: usize) -> Result<(u32, u64), EngineError> {
+        self.slots[self.slot(table, pos)?]
+            .ok_or_else(|| EngineError::InvalidBatch(format!("position {pos} never written")))
+    }
+
+    /// Checks the chain up to `pos` and returns the logits after it.
+    fn logits_at(&self, table: &[u32], pos: usize) -> Result<Vec<f32>, EngineError> {
+        let mut chain = 0u64;
+        let mut prev = None;
+        let mut cur = 0;
+        for p in 0..=pos {
+            let (token, stored) = self.read(table, p)?;
+            chain = mix(chain, u64::from(token));
+            if chain != stored {
+                return Err(EngineError::InvalidBatch(format!(
+                    "cache corrupt at position {p}"
+                )));
+            }
+            prev = (p > 0).then_some(cur);
+            cur = token;
+        }
+        Ok(toy_logits(
+            self.config.vocab_size,
+            self.sharpness,
+            prev,
+            cur,
+        ))
+    }
+}
+
+impl Backend for ToyBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+    fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
+        self.forwards += 1;
+        let mut out = Vec::new();
+        for s in seqs {
+            if s.tokens.is_empty() {
+                return Err(EngineError::InvalidBatch("empty sequence".into()));
+            }
+            for (i, &token) in s.tokens.iter().enumerate() {
+                let pos = s.start_pos + i;
+                let chain = if pos == 0 {
+                    0
+                } else {
+                    self.read(s.block_table, pos - 1)?.1
+                };
+                let slot = self.slot(s.block_table, pos)?;
+                self.slots[slot] = Some((token, mix(chain, u64::from(token))));
+            }
+            let end = s.start_pos + s.tokens.len();
+            let rows = match s.logits {
+                LogitsFor::Last => end - 1..end,
+                LogitsFor::All => s.start_pos..end,
+            };
+            for pos in rows {
+                out.extend(self.logits_at(s.block_table, pos)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub fn request(
+    id: RequestId,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    sampling: SamplingParams,
+) -> AddRequest {
+    AddRequest {
+        id,
+        prompt_token_ids: prompt,
+        sampling,
+        stop: StopConditions {
+            ignore_eos: false,
+            ..StopConditions::default()
+        },
+        max_tokens,
+        arrival_unix_ms: 0,
+        owner: "test-api".into(),
+    }
+}
+
+/// A request's outcome as the token-processor would see it.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    /// `(drafted, accepted)` of each verify step.
+    pub steps: Vec<(u8, u8)>,
+    pub finish: Option<FinishReason>,
+    pub preemptions: usize,
+}
+
+/// Applies rows to outcomes, checking the row contract on the way.
+pub fn collect(rows: &[RowOut], k: usize, outcomes: &mut HashMap<RequestId, Outcome>) {
+    for row in rows {
+        let o = outcomes.entry(row.id).or_default();
+        assert!(o.finish.is_none(), "row for finished request {}", row.id);
+        assert!(
+            row.accepted <= row.drafted && row.drafted as usize <= k,
+            "{row:?}"
+        );
+        match row.kind {
+            RowKind::Prefill => {
+                assert_eq!(row.tokens.len(), 1, "{row:?}");
+                assert!(o.tokens.is_empty());
+            }
+            RowKind::Verify => {
+                assert!(!row.tokens.is_empty() && row.tokens.len() <= row.accepted as usize + 1);
+                if row.finish.is_none() {
+                    assert_eq!(row.tokens.len(), row.accepted as usize + 1);
+                }
+                o.steps.push((row.drafted, row.accepted));
+            }
+            RowKind::Preempted => {
+                assert!(row.tokens.is_empty());
+                o.preemptions += 1;
+            }
+            RowKind::Abort => assert!(row.tokens.is_empty()),
+        }
+        o.tokens.extend_from_slice(&row.tokens);
+        o.finish = row.finish;
+    }
+}
+
+/// Runs the engine until every request finished.
+pub fn run_to_completion<B: Backend>(
+    engine: &mut Engine<B>,
+    outcomes: &mut HashMap<RequestId, Outcome>,
+) {
+    let k = engine.config().num_spec_tokens;
+    let mut steps = 0;
+    while engine.has_work() {
+        let rows = engine.step();
+        collect(&rows, k, outcomes);
+        engine.scheduler().check_invariants().unwrap();
+        steps += 1;
+        assert!(steps < 100_000, "engine does not terminate");
+    }
+    assert_eq!(
+        engine.scheduler().allocator().num_free(),
+        engine.scheduler().allocator().num_blocks()
+    );
+}
+
+pub fn engine_config(k: usize, max_num_seqs: usize) -> EngineConfig {
+    EngineConfig {
+        num_spec_tokens: k,
+        ngram_min: 1,
+        ngram_max: 3,
+        max_num_seqs,
+        max_num_batched_tokens: 512,
+        max_model_len: 4096,
+        max_waiting: 100_000,
+    }
+}

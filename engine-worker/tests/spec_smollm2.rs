@@ -1,0 +1,151 @@
+//! Speculative decoding on the real default model (SmolLM2-135M-Instruct Q4_1, CPU backend):
+//! greedy with K=4 n-gram drafts gives exactly the tokens of greedy without speculation, on the
+//! golden prompts and 20 more, at batch sizes 1 and 8; a request's tokens and (drafted,
+//! accepted) sequence do not depend on the batch; seeded sampling is reproducible.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use common::*;
+use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::engine::{Engine, TokenBytes};
+use engine_worker::model::{LoadFormat, Model, WeightType};
+use proto::api_worker::SamplingParams;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model() -> Model {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = root().join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            assert!(
+                path.exists(),
+                "{} missing: run scripts/fetch-model.sh",
+                path.display()
+            );
+            Model::load(&path, LoadFormat::Gguf, WeightType::Q4_1, 0).expect("model loads")
+        })
+        .clone()
+}
+
+fn engine(k: usize, max_num_seqs: usize) -> Engine<CpuBackend> {
+    let model = model();
+    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
+    Engine::new(backend, engine_config(k, max_num_seqs), vocab)
+}
+
+fn golden_dir() -> PathBuf {
+    root().join("../../shared/golden/smollm2")
+}
+
+/// `(prompt ids, max_tokens)`: the four golden prompts, then 20 varied ones built from the
+/// golden tokenizer cases and pieces of the golden prompts (chat-formatted and raw).
+fn prompts() -> Vec<(Vec<u32>, u32)> {
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(golden_dir().join(name)).unwrap()).unwrap()
+    };
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut golden = Vec::new();
+    for name in ["capital.json", "code.json", "list.json", "story.json"] {
+        golden.push(ids(&read(name)["prompt_ids"]));
+    }
+    let mut out: Vec<(Vec<u32>, u32)> = golden.iter().map(|p| (p.clone(), 24)).collect();
+    for case in read("tokenizer.json")["cases"].as_array().unwrap() {
+        let p = ids(&case["ids"]);
+        if !p.is_empty() {
+            out.push((p, 16));
+        }
+    }
+    for (i, p) in golden.iter().enumerate() {
+        for cut in [3, p.len() / 2, p.len() - 4] {
+            if out.len() < 24 {
+                out.push((p[..cut.max(1)].to_vec(), 12 + i as u32));
+            }
+        }
+    }
+    assert_eq!(out.len(), 24);
+    out
+}
+
+fn run(engine: &mut Engine<CpuBackend>, reqs: &[(Vec<u32>, u32, SamplingParams)]) -> Vec<Outcome> {
+    let mut outcomes = HashMap::new();
+    for (i, (prompt, max_tokens, sampling)) in reqs.iter().enumerate() {
+        engine
+            .add_request(request(
+                i as u64,
+                prompt.clone(),
+                *max_tokens,
+                sampling.clone(),
+            ))
+            .unwrap();
+    }
+    run_to_completion(engine, &mut outcomes);
+    (0..reqs.len() as u64)
+        .map(|i| outcomes.remove(&i).unwrap())
+        .collect()
+}
+
+#[test]
+fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
+    let reqs: Vec<_> = prompts()
+        .into_iter()
+        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
+        .collect();
+    let plain = run(&mut engine(0, 8), &reqs);
+    let spec_b8 = run(&mut engine(4, 8), &reqs);
+    let spec_b1 = run(&mut engine(4, 1), &reqs);
+    for i in 0..reqs.len() {
+        assert_eq!(
+            spec_b8[i].tokens, plain[i].tokens,
+            "prompt {i}: K=4 batch 8 vs K=0"
+        );
+        assert_eq!(
+            spec_b1[i].tokens, plain[i].tokens,
+            "prompt {i}: K=4 batch 1 vs K=0"
+        );
+        assert_eq!(
+            spec_b1[i].steps, spec_b8[i].steps,
+            "prompt {i}: (drafted, accepted) depend on the batch"
+        );
+    }
+    let accepted: usize = spec_b8
+        .iter()
+        .flat_map(|o| &o.steps)
+        .map(|s| s.1 as usize)
+        .sum();
+    assert!(accepted > 0, "n-gram drafts should be accepted somewhere");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_whatever_the_batch() {
+    let all = prompts();
+    let sampling = |seed| SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(seed),
+    };
+    let reqs: Vec<_> = all[..6]
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| (p.clone(), 12, sampling(i as u64)))
+        .collect();
+    let batched = run(&mut engine(4, 8), &reqs);
+    let again = run(&mut engine(4, 8), &reqs);
+    assert_eq!(batched, again);
+    let alone = run(&mut engine(4, 1), &reqs[2..3]);
+    assert_eq!(alone[0], batched[2]);
+}

@@ -1,0 +1,274 @@
+//! The real engine-worker binary on free loopback ports, with this test playing the
+//! token-processor (PULL) and an api-server (DEALER): readiness in the hello, a request served
+//! and reported in numbered step batches, refusal of a bad request, hello + resync on connect,
+//! abort of a silent api-server's requests, and a SIGTERM drain that ends with a goodbye and
+//! exit status 0.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use proto::api_worker::{
+    AddRequest, ApiHello, ApiToWorker, RejectReason, SamplingParams, StopConditions, WorkerToApi,
+};
+use proto::worker_tp::WorkerToTp;
+use proto::FinishReason;
+use zeromq::{DealerSocket, PullSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+type Inbox<T> = tokio::sync::mpsc::UnboundedReceiver<T>;
+
+/// The token-processor: a PULL socket whose messages arrive through a channel (a receive loop
+/// of its own, so no select! ever cancels a socket receive).
+async fn bind_tp(endpoint: &str) -> (Inbox<WorkerToTp>, tokio::task::JoinHandle<()>) {
+    let mut pull = PullSocket::new();
+    let mut bound = false;
+    for _ in 0..100 {
+        if pull.bind(endpoint).await.is_ok() {
+            bound = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(bound, "cannot bind the token-processor endpoint");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok(msg) = pull.recv().await {
+            if tx.send(proto::decode(&msg.into_vec()[0]).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    (rx, task)
+}
+
+async fn recv_tp(inbox: &mut Inbox<WorkerToTp>) -> WorkerToTp {
+    tokio::time::timeout(Duration::from_secs(30), inbox.recv())
+        .await
+        .expect("tp message in time")
+        .unwrap()
+}
+
+struct Api {
+    send: tokio::sync::mpsc::UnboundedSender<ApiToWorker>,
+    inbox: Inbox<WorkerToApi>,
+}
+
+async fn connect_api(endpoint: &str) -> Api {
+    let mut dealer = DealerSocket::new();
+    dealer.connect(endpoint).await.unwrap();
+    let (in_tx, inbox) = tokio::sync::mpsc::unbounded_channel();
+    let (send, mut out_rx) = tokio::sync::mpsc::unbounded_channel::<ApiToWorker>();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                msg = dealer.recv() => {
+                    let Ok(msg) = msg else { break };
+                    let _ = in_tx.send(proto::decode(msg.into_vec().last().unwrap()).unwrap());
+                }
+                out = out_rx.recv() => {
+                    let Some(out) = out else { break };
+                    dealer.send(ZmqMessage::from(proto::encode(&out).unwrap())).await.unwrap();
+                }
+            }
+        }
+    });
+    Api { send, inbox }
+}
+
+async fn recv_api(api: &mut Api, wait: Duration) -> Option<WorkerToApi> {
+    tokio::time::timeout(wait, api.inbox.recv()).await.ok()?
+}
+
+async fn send_api(api: &mut Api, msg: &ApiToWorker) {
+    api.send.send(msg.clone()).unwrap();
+}
+
+fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
+    ApiToWorker::Add(AddRequest {
+        id,
+        prompt_token_ids: prompt,
+        sampling: SamplingParams::GREEDY,
+        stop: StopConditions {
+            ignore_eos: true,
+            ..StopConditions::default()
+        },
+        max_tokens,
+        arrival_unix_ms: 1,
+        owner: "api-test".into(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_serves_resyncs_aborts_and_drains() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let (api_port, tp_port) = (free_port(), free_port());
+    let tp_endpoint = format!("tcp://127.0.0.1:{tp_port}");
+    let (mut pull, _tp_task) = bind_tp(&tp_endpoint).await;
+    let child = Command::new(env!("CARGO_BIN_EXE_engine-worker"))
+        .args([
+            "--model",
+            root.join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                .to_str()
+                .unwrap(),
+        ])
+        .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
+        .args(["--tp-endpoint", &tp_endpoint])
+        .args([
+            "--heartbeat-interval-ms",
+            "100",
+            "--num-spec-tokens",
+            "4",
+            "--drain-timeout-secs",
+            "20",
+        ])
+        .args(["--worker-id", "w-test", "--num-kv-blocks", "128"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let worker = Worker(child);
+
+    // The api-server side: hello until the worker says it is ready, heartbeats meanwhile.
+    let mut dealer = connect_api(&format!("tcp://127.0.0.1:{api_port}")).await;
+    let hello = ApiToWorker::Hello(ApiHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        api_server_id: "api-test".into(),
+        epoch: 7,
+    });
+    let heartbeat = ApiToWorker::Heartbeat {
+        api_server_id: "api-test".into(),
+        epoch: 7,
+    };
+    let mut ready = false;
+    for _ in 0..300 {
+        send_api(&mut dealer, &hello).await;
+        if let Some(WorkerToApi::Hello(h)) = recv_api(&mut dealer, Duration::from_millis(200)).await
+        {
+            assert_eq!(h.worker_id, "w-test");
+            if h.ready {
+                assert_eq!(h.num_spec_tokens, 4);
+                ready = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "worker never became ready");
+
+    // A bad request is refused outright.
+    send_api(&mut dealer, &add(1, vec![], 4)).await;
+    loop {
+        match recv_api(&mut dealer, Duration::from_secs(10))
+            .await
+            .expect("rejection")
+        {
+            WorkerToApi::Rejected { id, reason } => {
+                assert_eq!(id, 1);
+                assert!(matches!(reason, RejectReason::Invalid(_)));
+                break;
+            }
+            _ => continue,
+        }
+    }
+
+    // The token-processor side saw hello then resync.
+    let mut epoch = None;
+    let mut resynced = false;
+    while !resynced {
+        match recv_tp(&mut pull).await {
+            WorkerToTp::Hello(h) => epoch = Some(h.epoch),
+            WorkerToTp::Resync(r) => {
+                assert_eq!(Some(r.epoch), epoch, "resync follows a hello");
+                resynced = true;
+            }
+            _ => {}
+        }
+    }
+
+    // A request runs to its max_tokens, reported in batches numbered without holes.
+    let prompt = vec![1, 9690, 198, 2683, 359, 253, 5356, 2683, 359, 253, 5356];
+    send_api(&mut dealer, &add(2, prompt.clone(), 12)).await;
+    send_api(&mut dealer, &heartbeat).await;
+    let mut tokens = Vec::new();
+    let mut next_seq = None;
+    let mut finish = None;
+    let mut heartbeat_timer = tokio::time::interval(Duration::from_millis(50));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while finish.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "request 2 did not finish in time"
+        );
+        tokio::select! {
+            _ = heartbeat_timer.tick() => send_api(&mut dealer, &heartbeat).await,
+            msg = recv_tp(&mut pull) => if let WorkerToTp::Step(batch) = msg {
+                batch.validate(4).unwrap();
+                if let Some(n) = next_seq { assert_eq!(batch.seq, n) }
+                next_seq = Some(batch.seq + 1);
+                for row in batch.rows().filter(|r| r.id == 2) {
+                    tokens.extend_from_slice(row.tokens);
+                    finish = row.finish;
+                }
+            },
+        }
+    }
+    assert_eq!(finish, Some(FinishReason::Length));
+    assert_eq!(tokens.len(), 12);
+
+    // A long request; then the api-server falls silent.
+    send_api(&mut dealer, &add(3, prompt.clone(), 400)).await;
+    // Silence from the api-server for 3 intervals aborts its requests.
+    let mut aborted = false;
+    while !aborted {
+        if let WorkerToTp::Step(batch) = recv_tp(&mut pull).await {
+            aborted = batch
+                .rows()
+                .any(|r| r.id == 3 && r.finish == Some(FinishReason::Abort));
+        }
+    }
+
+    // SIGTERM: drain, goodbye, exit 0.
+    let pid = worker.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    loop {
+        if let WorkerToTp::Goodbye { worker_id, .. } = recv_tp(&mut pull).await {
+            assert_eq!(worker_id, "w-test");
+            break;
+        }
+    }
+    let mut worker = worker;
+    let status = tokio::task::spawn_blocking(move || {
+        for _ in 0..200 {
+            if let Some(status) = worker.0.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("worker exits after its goodbye");
+    assert!(status.success(), "{status:?}");
+}
