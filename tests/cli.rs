@@ -5,7 +5,10 @@ mod common;
 use std::process::Command;
 
 fn help_of(bin: &str) -> String {
-    let out = Command::new(common::binary(bin)).arg("--help").output().unwrap();
+    let out = Command::new(common::binary(bin))
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{bin} --help failed");
     String::from_utf8(out.stdout).unwrap()
 }
@@ -18,14 +21,20 @@ fn every_binary_documents_env_fallbacks() {
         ("api-server", "SPECULA_API_PORT"),
     ] {
         let help = help_of(bin);
-        assert!(help.contains(&format!("[env: {env}")), "{bin} --help lacks {env}:\n{help}");
+        assert!(
+            help.contains(&format!("[env: {env}")),
+            "{bin} --help lacks {env}:\n{help}"
+        );
     }
 }
 
 #[test]
 fn binaries_report_their_version() {
     for bin in ["engine-worker", "token-processor", "api-server"] {
-        let out = Command::new(common::binary(bin)).arg("--version").output().unwrap();
+        let out = Command::new(common::binary(bin))
+            .arg("--version")
+            .output()
+            .unwrap();
         assert!(out.status.success());
         assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
     }

@@ -32,9 +32,11 @@ async fn in_flight(stack: &Stack) -> (u64, u64, u64) {
         .await
         .unwrap_or(Value::Null);
     let api = health["in_flight"].as_u64().unwrap_or(u64::MAX);
-    let workers = health["workers"]
-        .as_array()
-        .map_or(u64::MAX, |w| w.iter().filter_map(|w| w["running_and_waiting"].as_u64()).sum());
+    let workers = health["workers"].as_array().map_or(u64::MAX, |w| {
+        w.iter()
+            .filter_map(|w| w["running_and_waiting"].as_u64())
+            .sum()
+    });
     let tp = metric_sum(&stack.metrics_text().await, "specula_requests_running") as u64;
     (api, workers, tp)
 }
@@ -44,7 +46,11 @@ async fn disconnect_wave(stack: &Stack, n: usize, concurrency: usize) {
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (http, url, next) = (stack.client().clone(), stack.api("/v1/completions"), next.clone());
+        let (http, url, next) = (
+            stack.client().clone(),
+            stack.api("/v1/completions"),
+            next.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -69,9 +75,11 @@ async fn disconnect_wave(stack: &Stack, n: usize, concurrency: usize) {
 }
 
 async fn wait_drained(stack: &Stack) {
-    wait_until(Duration::from_secs(60), "every per-request map to empty", || async {
-        in_flight(stack).await == (0, 0, 0)
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "every per-request map to empty",
+        || async { in_flight(stack).await == (0, 0, 0) },
+    )
     .await;
 }
 
@@ -99,13 +107,19 @@ async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
     wait_drained(&stack).await;
     let after: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
 
-    let aborted = metric_sum(&stack.metrics_text().await, "specula_requests_finished_abort_total");
+    let aborted = metric_sum(
+        &stack.metrics_text().await,
+        "specula_requests_finished_abort_total",
+    );
     eprintln!(
         "{n} disconnects in {:?}; {aborted} aborts seen by the token-processor; RSS kB before/after: {:?}",
         started.elapsed(),
         pids.iter().zip(before.iter().zip(&after)).map(|((p, _), (b, a))| (*p, *b, *a)).collect::<Vec<_>>()
     );
     for (((p, _), b), a) in pids.iter().zip(&before).zip(&after) {
-        assert!((*a as f64) < *b as f64 * 1.05, "{p:?} RSS grew from {b} kB to {a} kB");
+        assert!(
+            (*a as f64) < *b as f64 * 1.05,
+            "{p:?} RSS grew from {b} kB to {a} kB"
+        );
     }
 }

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::openai::{complete, completion_body, stream, Streamed};
@@ -12,13 +11,17 @@ use common::wait_until;
 use serde_json::Value;
 
 /// One stack at a time: the tests measure timings on a 2-core machine.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn prompts(n: usize) -> Vec<String> {
     (0..n)
         .map(|i| match i % 4 {
             0 => format!("Count from {i}: {i}, {}, {},", i + 1, i + 2),
-            1 => format!("Item {i}: the red box. Item {}: the red box. Item {}:", i + 1, i + 2),
+            1 => format!(
+                "Item {i}: the red box. Item {}: the red box. Item {}:",
+                i + 1,
+                i + 2
+            ),
             2 => format!("Question {i}: what is the capital of France? Answer:"),
             _ => format!("Write a short story about robot number {i}."),
         })
@@ -29,9 +32,12 @@ fn prompts(n: usize) -> Vec<String> {
 async fn reference(stack: &Stack, prompts: &[String], max_tokens: u32) -> Vec<Value> {
     let mut out = Vec::new();
     for p in prompts {
-        let (status, body) =
-            complete(stack.client(), &stack.api("/v1/completions"), &completion_body(p, max_tokens, false))
-                .await;
+        let (status, body) = complete(
+            stack.client(),
+            &stack.api("/v1/completions"),
+            &completion_body(p, max_tokens, false),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         out.push(body["choices"][0].clone());
     }
@@ -44,12 +50,15 @@ fn is_explicit_error(s: &Streamed) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_processor_kill9_resyncs_in_flight_streams() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let mut stack = Stack::start(StackConfig::default()).await;
     let prompts = prompts(16);
     let max_tokens = 40;
     let want = reference(&stack, &prompts, max_tokens).await;
-    let steps_before = metric_sum(&stack.metrics_text().await, "specula_spec_decode_num_steps_total");
+    let steps_before = metric_sum(
+        &stack.metrics_text().await,
+        "specula_spec_decode_num_steps_total",
+    );
     assert!(steps_before > 0.0);
 
     let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -78,7 +87,9 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
     .await;
     stack.signal(Proc::TokenProcessor, "KILL");
     let killed_at = Instant::now();
-    stack.wait_exit(Proc::TokenProcessor, Duration::from_secs(5)).await;
+    stack
+        .wait_exit(Proc::TokenProcessor, Duration::from_secs(5))
+        .await;
     stack.spawn(Proc::TokenProcessor);
     stack.wait_healthy(Duration::from_secs(30)).await;
     let recovered = killed_at.elapsed();
@@ -94,7 +105,11 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
             continue;
         }
         assert!(s.done, "stream {i} ended without [DONE] or an error: {s:?}");
-        assert_eq!(s.text, want[i]["text"].as_str().unwrap(), "stream {i} text differs");
+        assert_eq!(
+            s.text,
+            want[i]["text"].as_str().unwrap(),
+            "stream {i} text differs"
+        );
         assert_eq!(
             s.speculate_metrics.as_ref(),
             Some(&want[i]["speculate_metrics"]),
@@ -102,7 +117,10 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
         );
         complete_ok += 1;
     }
-    let steps_after = metric_sum(&stack.metrics_text().await, "specula_spec_decode_num_steps_total");
+    let steps_after = metric_sum(
+        &stack.metrics_text().await,
+        "specula_spec_decode_num_steps_total",
+    );
     eprintln!(
         "tp kill -9: recovered (healthy again) in {recovered:?}; {complete_ok} complete and \
          correct, {errors} explicit errors, 0 lost; steps counter {steps_before} -> {steps_after}"
@@ -111,19 +129,26 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
     // The restarted token-processor counts from 0: it holds at most the figures of the requests
     // it saw (resynced or new), which (greedy, batch-invariant) are those of the reference run.
     // A counter that survived the restart would hold both runs, twice as much.
-    assert!(steps_after > 0.0 && steps_after <= steps_before, "counters restarted from 0");
+    assert!(
+        steps_after > 0.0 && steps_after <= steps_before,
+        "counters restarted from 0"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let mut stack = Stack::start(StackConfig::default()).await;
     let mut tasks = Vec::new();
     let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for p in prompts(8) {
         let mut body = completion_body(&p, 1500, true);
         body["ignore_eos"] = true.into();
-        let (http, url, started) = (stack.client().clone(), stack.api("/v1/completions"), started.clone());
+        let (http, url, started) = (
+            stack.client().clone(),
+            stack.api("/v1/completions"),
+            started.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut first = true;
             stream(&http, &url, &body, |_| {
@@ -147,10 +172,15 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
             .await
             .expect("an in-flight request was not ended within 5 s of the worker's death")
             .unwrap();
-        assert!(is_explicit_error(&s), "request ended without an explicit error: {s:?}");
+        assert!(
+            is_explicit_error(&s),
+            "request ended without an explicit error: {s:?}"
+        );
         detect = detect.max(killed_at.elapsed());
     }
-    stack.wait_exit(Proc::EngineWorker, Duration::from_secs(5)).await;
+    stack
+        .wait_exit(Proc::EngineWorker, Duration::from_secs(5))
+        .await;
     let (status, body) = complete(
         stack.client(),
         &stack.api("/v1/completions"),
@@ -179,7 +209,7 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let mut stack = Stack::start(StackConfig::default()).await;
     let running = "specula_requests_running";
     let mut tasks = Vec::new();
@@ -187,7 +217,9 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
         let mut body = completion_body(&p, 1500, true);
         body["ignore_eos"] = true.into();
         let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
-        tasks.push(tokio::spawn(async move { stream(&http, &url, &body, |_| true).await }));
+        tasks.push(tokio::spawn(async move {
+            stream(&http, &url, &body, |_| true).await
+        }));
     }
     wait_until(Duration::from_secs(60), "4 requests running", || async {
         metric_sum(&stack.metrics_text().await, running) >= 4.0
@@ -195,15 +227,22 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     .await;
     stack.signal(Proc::ApiServer, "KILL");
     let killed_at = Instant::now();
-    stack.wait_exit(Proc::ApiServer, Duration::from_secs(5)).await;
-    wait_until(Duration::from_secs(5), "the worker to stop the dead api-server's requests", || async {
-        metric_sum(&stack.metrics_text().await, running) == 0.0
-    })
+    stack
+        .wait_exit(Proc::ApiServer, Duration::from_secs(5))
+        .await;
+    wait_until(
+        Duration::from_secs(5),
+        "the worker to stop the dead api-server's requests",
+        || async { metric_sum(&stack.metrics_text().await, running) == 0.0 },
+    )
     .await;
     let stopped = killed_at.elapsed();
     for t in tasks {
         let s = t.await.unwrap();
-        assert!(!s.done, "a stream of a killed api-server cannot have completed");
+        assert!(
+            !s.done,
+            "a stream of a killed api-server cannot have completed"
+        );
     }
     stack.spawn(Proc::ApiServer);
     stack.wait_healthy(Duration::from_secs(60)).await;
@@ -219,12 +258,18 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_drains_each_process_and_exits_0() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     for victim in [Proc::EngineWorker, Proc::ApiServer, Proc::TokenProcessor] {
         let mut stack = Stack::start(StackConfig::default()).await;
         let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
         let task = tokio::spawn(async move {
-            stream(&http, &url, &completion_body("Count: 1, 2, 3, 4,", 48, true), |_| true).await
+            stream(
+                &http,
+                &url,
+                &completion_body("Count: 1, 2, 3, 4,", 48, true),
+                |_| true,
+            )
+            .await
         });
         wait_until(Duration::from_secs(60), "a request running", || async {
             metric_sum(&stack.metrics_text().await, "specula_requests_running") >= 1.0
@@ -232,12 +277,23 @@ async fn sigterm_drains_each_process_and_exits_0() {
         .await;
         stack.signal(victim, "TERM");
         let code = stack.wait_exit(victim, Duration::from_secs(30)).await;
-        assert_eq!(code, Some(0), "{victim:?} did not exit 0 on SIGTERM:\n{}", stack.log(victim));
-        let s = tokio::time::timeout(Duration::from_secs(60), task).await.unwrap().unwrap();
+        assert_eq!(
+            code,
+            Some(0),
+            "{victim:?} did not exit 0 on SIGTERM:\n{}",
+            stack.log(victim)
+        );
+        let s = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .unwrap()
+            .unwrap();
         match victim {
             // A draining worker or api-server finishes the request in flight.
             Proc::EngineWorker | Proc::ApiServer => {
-                assert!(s.done && s.error.is_none(), "{victim:?} did not drain: {s:?}")
+                assert!(
+                    s.done && s.error.is_none(),
+                    "{victim:?} did not drain: {s:?}"
+                )
             }
             // The token-processor hands nothing off: the request ends, explicitly.
             Proc::TokenProcessor => assert!(s.done || is_explicit_error(&s), "{s:?}"),
@@ -247,7 +303,7 @@ async fn sigterm_drains_each_process_and_exits_0() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = SERIAL.lock().await;
     let stack = Stack::start(StackConfig::default()).await;
     let worker_pid = stack.pid(Proc::EngineWorker);
     let rss = move || -> u64 {
@@ -260,7 +316,9 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
         let mut body = completion_body(&p, 600, true);
         body["ignore_eos"] = true.into();
         let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
-        tasks.push(tokio::spawn(async move { stream(&http, &url, &body, |_| true).await }));
+        tasks.push(tokio::spawn(async move {
+            stream(&http, &url, &body, |_| true).await
+        }));
     }
     wait_until(Duration::from_secs(60), "requests running", || async {
         metric_sum(&stack.metrics_text().await, "specula_requests_running") >= 8.0
@@ -292,5 +350,8 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
         "tp SIGSTOP 30 s: worker RSS {rss_before} kB -> max {rss_max} kB; after SIGCONT {ok} \
          complete, {failed} explicit errors, 0 hung"
     );
-    assert!(rss_max < rss_before + 64 * 1024, "worker RSS grew by more than 64 MiB while stalled");
+    assert!(
+        rss_max < rss_before + 64 * 1024,
+        "worker RSS grew by more than 64 MiB while stalled"
+    );
 }

@@ -26,7 +26,11 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn run_client(num_spec_tokens: u32) {
     let _serial = SERIAL.lock().await;
     let python = python();
-    let stack = Stack::start(StackConfig { num_spec_tokens, ..StackConfig::default() }).await;
+    let stack = Stack::start(StackConfig {
+        num_spec_tokens,
+        ..StackConfig::default()
+    })
+    .await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_e2e.py");
     let golden = common::shared_dir().join("golden/smollm2");
     let base = stack.api("/v1");
@@ -35,7 +39,14 @@ async fn run_client(num_spec_tokens: u32) {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
             .arg(script)
-            .args(["--base-url", &base, "--metrics-url", &metrics, "--num-spec-tokens", &k])
+            .args([
+                "--base-url",
+                &base,
+                "--metrics-url",
+                &metrics,
+                "--num-spec-tokens",
+                &k,
+            ])
             .arg("--golden-dir")
             .arg(golden)
             .output()

@@ -43,17 +43,29 @@ fn readme_curls() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_curl_examples_run() {
     let curls = readme_curls();
-    assert!(curls.iter().any(|c| c.contains("/v1/")), "README shows no API curl example");
+    assert!(
+        curls.iter().any(|c| c.contains("/v1/")),
+        "README shows no API curl example"
+    );
     let stack = Stack::start(StackConfig::default()).await;
     for cmd in curls {
         let cmd = cmd
             .replace("127.0.0.1:8000", &format!("127.0.0.1:{}", stack.api_port))
             .replace("localhost:8000", &format!("127.0.0.1:{}", stack.api_port))
-            .replace("127.0.0.1:9400", &format!("127.0.0.1:{}", stack.metrics_port))
-            .replace("localhost:9400", &format!("127.0.0.1:{}", stack.metrics_port));
+            .replace(
+                "127.0.0.1:9400",
+                &format!("127.0.0.1:{}", stack.metrics_port),
+            )
+            .replace(
+                "localhost:9400",
+                &format!("127.0.0.1:{}", stack.metrics_port),
+            );
         let run = cmd.clone();
         let out = tokio::task::spawn_blocking(move || {
-            Command::new("bash").args(["-c", &format!("set -o pipefail; {run}")]).output().unwrap()
+            Command::new("bash")
+                .args(["-c", &format!("set -o pipefail; {run}")])
+                .output()
+                .unwrap()
         })
         .await
         .unwrap();
@@ -67,7 +79,10 @@ async fn readme_curl_examples_run() {
         if cmd.contains("/v1/") && !cmd.contains("\"stream\": true") {
             let v: serde_json::Value = serde_json::from_str(&stdout)
                 .unwrap_or_else(|e| panic!("`{cmd}` did not print JSON ({e}): {stdout}"));
-            assert!(v.get("error").is_none(), "`{cmd}` answered an error: {stdout}");
+            assert!(
+                v.get("error").is_none(),
+                "`{cmd}` answered an error: {stdout}"
+            );
             assert!(
                 v["choices"].as_array().is_some_and(|c| !c.is_empty()) || v["data"].is_array(),
                 "{stdout}"

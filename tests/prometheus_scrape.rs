@@ -25,7 +25,8 @@ impl Prometheus {
         let config = dir.join("prometheus.yml");
         // The project's scrape config, pointed at this test's token-processor, scraped fast.
         let shipped = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/prometheus/prometheus.yml"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("scripts/prometheus/prometheus.yml"),
         )
         .unwrap()
         .replace("127.0.0.1:9400", &format!("127.0.0.1:{target_port}"))
@@ -33,7 +34,10 @@ impl Prometheus {
         std::fs::write(&config, shipped).unwrap();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
@@ -49,7 +53,9 @@ impl Prometheus {
         }
         let url = format!("http://127.0.0.1:{}/api/v1/query", self.port);
         // Until Prometheus listens, there is simply no data yet.
-        let Ok(resp) = http.get(url).query(&params).send().await else { return vec![] };
+        let Ok(resp) = http.get(url).query(&params).send().await else {
+            return vec![];
+        };
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["status"], "success", "{body}");
         body["data"]["result"].as_array().unwrap().clone()
@@ -96,9 +102,14 @@ async fn promql_increase_equals_sum_of_request_figures() {
             .await
             .unwrap();
         let m = &resp["choices"][0]["speculate_metrics"];
-        expected += m["num_accepted_draft_tokens"].as_u64().unwrap_or_else(|| panic!("{resp}"));
+        expected += m["num_accepted_draft_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{resp}"));
     }
-    assert!(expected > 0, "n-gram drafts on repetitive prompts should be accepted sometimes");
+    assert!(
+        expected > 0,
+        "n-gram drafts on repetitive prompts should be accepted sometimes"
+    );
 
     // The token-processor's own counter is final once the last response arrived.
     let direct = metric_sum(&stack.metrics_text().await, counter);
@@ -122,10 +133,19 @@ async fn promql_increase_equals_sum_of_request_figures() {
         if total == direct {
             break newest.iter().map(|(t, _)| *t).fold(0.0, f64::max);
         }
-        assert!(std::time::Instant::now() < deadline, "Prometheus never scraped the final value");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Prometheus never scraped the final value"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let inc = prom.query(&http, &format!("sum(increase({counter}[10m]))"), Some(last_ts)).await;
+    let inc = prom
+        .query(
+            &http,
+            &format!("sum(increase({counter}[10m]))"),
+            Some(last_ts),
+        )
+        .await;
     let value: f64 = inc[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert!(
         (value - expected as f64).abs() < 1e-9,

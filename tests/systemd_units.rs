@@ -13,7 +13,9 @@ const UNITS: [(&str, &str); 3] = [
 ];
 
 fn unit_text(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/systemd").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/systemd")
+        .join(name);
     std::fs::read_to_string(path).unwrap()
 }
 
@@ -38,7 +40,10 @@ fn units_pass_systemd_analyze_verify() {
         .output()
         .expect("systemd-analyze not found: run scripts/install-test-deps.sh");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stderr.trim().is_empty(), "verify failed:\n{stderr}");
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "verify failed:\n{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -60,7 +65,10 @@ fn units_restart_independently_and_share_the_ipc_directory() {
         ] {
             assert!(text.contains(needed), "{unit} lacks {needed}");
         }
-        assert!(!text.contains("BindsTo="), "{unit} must not bind its lifetime to a peer");
+        assert!(
+            !text.contains("BindsTo="),
+            "{unit} must not bind its lifetime to a peer"
+        );
     }
     assert!(unit_text("specula-engine-worker.service").contains("DeviceAllow=/dev/nvidia"));
 }

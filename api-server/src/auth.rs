@@ -15,7 +15,11 @@ pub struct ApiKey(pub Option<std::sync::Arc<str>>);
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the key.
-        f.write_str(if self.0.is_some() { "ApiKey(set)" } else { "ApiKey(none)" })
+        f.write_str(if self.0.is_some() {
+            "ApiKey(set)"
+        } else {
+            "ApiKey(none)"
+        })
     }
 }
 
@@ -32,7 +36,10 @@ fn authorized(expected: &str, header: Option<&axum::http::HeaderValue>) -> bool 
 pub async fn require_api_key(State(key): State<ApiKey>, request: Request, next: Next) -> Response {
     if let Some(expected) = &key.0 {
         if request.uri().path() != "/health"
-            && !authorized(expected, request.headers().get(axum::http::header::AUTHORIZATION))
+            && !authorized(
+                expected,
+                request.headers().get(axum::http::header::AUTHORIZATION),
+            )
         {
             return ApiError::Unauthorized.into_response();
         }
@@ -49,8 +56,17 @@ mod tests {
     fn bearer_must_match_exactly() {
         let ok = HeaderValue::from_static("Bearer sk-test");
         assert!(authorized("sk-test", Some(&ok)));
-        for bad in ["Bearer sk-tes", "Bearer sk-test2", "sk-test", "Basic sk-test", "Bearer "] {
-            assert!(!authorized("sk-test", Some(&HeaderValue::from_static(bad))), "{bad}");
+        for bad in [
+            "Bearer sk-tes",
+            "Bearer sk-test2",
+            "sk-test",
+            "Basic sk-test",
+            "Bearer ",
+        ] {
+            assert!(
+                !authorized("sk-test", Some(&HeaderValue::from_static(bad))),
+                "{bad}"
+            );
         }
         assert!(!authorized("sk-test", None));
     }

@@ -53,22 +53,25 @@ pub async fn read_json<T: DeserializeOwned>(
         return Err(ApiError::BodyTooLarge { limit });
     }
     // Stops reading as soon as the cap is passed (chunked bodies have no declared length).
-    let bytes =
-        axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::BodyTooLarge { limit })?;
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::BodyTooLarge { limit })?;
     if json_depth(&bytes) > MAX_JSON_DEPTH {
         return Err(ApiError::InvalidJson {
             message: format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         });
     }
-    let value: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::InvalidJson { message: format!("invalid JSON: {e}") })?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::InvalidJson {
+        message: format!("invalid JSON: {e}"),
+    })?;
     if !value.is_object() {
         return Err(ApiError::InvalidJson {
             message: "the request body must be a JSON object".into(),
         });
     }
-    serde_json::from_value(value)
-        .map_err(|e| ApiError::Schema { message: format!("invalid request: {e}") })
+    serde_json::from_value(value).map_err(|e| ApiError::Schema {
+        message: format!("invalid request: {e}"),
+    })
 }
 
 #[cfg(test)]

@@ -17,10 +17,16 @@ pub enum ApiError {
     Schema { message: String },
     /// A field with a value outside what the server accepts.
     #[error("{message}")]
-    InvalidParam { param: &'static str, message: String },
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
     /// Prompt (plus requested completion) longer than the model's context.
     #[error("{message}")]
-    ContextLength { param: &'static str, message: String },
+    ContextLength {
+        param: &'static str,
+        message: String,
+    },
     #[error("missing or incorrect API key")]
     Unauthorized,
     #[error("the model `{model}` does not exist")]
@@ -56,11 +62,16 @@ pub struct ErrorBody {
 
 impl ApiError {
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        Self::InvalidParam { param, message: message.into() }
+        Self::InvalidParam {
+            param,
+            message: message.into(),
+        }
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::Unavailable { message: message.into() }
+        Self::Unavailable {
+            message: message.into(),
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -86,13 +97,17 @@ impl ApiError {
             Self::InvalidParam { param, .. } => {
                 ("invalid_request_error", Some("invalid_value"), Some(*param))
             }
-            Self::ContextLength { param, .. } => {
-                ("invalid_request_error", Some("context_length_exceeded"), Some(*param))
-            }
+            Self::ContextLength { param, .. } => (
+                "invalid_request_error",
+                Some("context_length_exceeded"),
+                Some(*param),
+            ),
             Self::Unauthorized => ("invalid_request_error", Some("invalid_api_key"), None),
-            Self::ModelNotFound { .. } => {
-                ("invalid_request_error", Some("model_not_found"), Some("model"))
-            }
+            Self::ModelNotFound { .. } => (
+                "invalid_request_error",
+                Some("model_not_found"),
+                Some("model"),
+            ),
             Self::RouteNotFound { .. } => ("invalid_request_error", Some("unknown_url"), None),
             Self::BodyTooLarge { .. } => ("invalid_request_error", Some("body_too_large"), None),
             Self::Overloaded { .. } => ("rate_limit_error", Some("overloaded"), None),
@@ -107,7 +122,12 @@ impl ApiError {
             Self::ModelLoad { .. } => "internal error".to_owned(),
             other => other.to_string(),
         };
-        ErrorBody { message, kind, param, code }
+        ErrorBody {
+            message,
+            kind,
+            param,
+            code,
+        }
     }
 
     /// `{"error": {...}}` as JSON text.
@@ -161,7 +181,10 @@ mod tests {
 
     #[test]
     fn load_errors_do_not_leak_paths() {
-        let err = ApiError::ModelLoad { what: "/secret/path".into(), reason: "x".into() };
+        let err = ApiError::ModelLoad {
+            what: "/secret/path".into(),
+            reason: "x".into(),
+        };
         assert!(!err.envelope_json().contains("secret"));
         assert_eq!(err.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }

@@ -54,12 +54,13 @@ pub struct ChoiceRun {
 
 fn failure_error(failure: EngineFailure) -> ApiError {
     match failure {
-        EngineFailure::Rejected(RejectReason::Overloaded) => {
-            ApiError::Overloaded { message: failure.message() }
-        }
-        EngineFailure::Rejected(RejectReason::Invalid(_)) => {
-            ApiError::InvalidParam { param: "prompt", message: failure.message() }
-        }
+        EngineFailure::Rejected(RejectReason::Overloaded) => ApiError::Overloaded {
+            message: failure.message(),
+        },
+        EngineFailure::Rejected(RejectReason::Invalid(_)) => ApiError::InvalidParam {
+            param: "prompt",
+            message: failure.message(),
+        },
         other => ApiError::unavailable(other.message()),
     }
 }
@@ -117,13 +118,19 @@ impl ChoiceRun {
 
     async fn step_inner(&mut self) -> Result<ChoiceUpdate, ApiError> {
         loop {
-            let deadline = self.abort_deadline.map_or(self.deadline, |d| d.min(self.deadline));
+            let deadline = self
+                .abort_deadline
+                .map_or(self.deadline, |d| d.min(self.deadline));
             let event = match tokio::time::timeout_at(deadline, self.handle.next()).await {
                 Ok(event) => event,
                 Err(_) if self.abort_deadline.is_some() => {
                     return Ok(ChoiceUpdate::End(self.end(None, None)))
                 }
-                Err(_) => return Err(ApiError::Timeout { secs: self.timeout_secs }),
+                Err(_) => {
+                    return Err(ApiError::Timeout {
+                        secs: self.timeout_secs,
+                    })
+                }
             };
             match event {
                 EngineEvent::Tokens(tokens) => {
@@ -133,14 +140,20 @@ impl ChoiceRun {
                         self.abort_deadline = Some(Instant::now() + ABORT_GRACE);
                     }
                     if !text.is_empty() {
-                        return Ok(ChoiceUpdate::Text { index: self.index, text });
+                        return Ok(ChoiceUpdate::Text {
+                            index: self.index,
+                            text,
+                        });
                     }
                 }
                 EngineEvent::Finished(finished) => {
                     let completion = finished.usage.map(|u| u.completion_tokens);
                     let reason = finished.reason.as_str();
-                    let metrics =
-                        if self.handle.speculative { finished.speculate_metrics } else { None };
+                    let metrics = if self.handle.speculative {
+                        finished.speculate_metrics
+                    } else {
+                        None
+                    };
                     let mut end = self.end(completion, metrics);
                     if self.decoder.matched_stop().is_none() {
                         end.finish_reason = reason;
@@ -207,7 +220,10 @@ pub async fn collect_all(runs: Vec<ChoiceRun>) -> Result<Vec<(String, ChoiceEnd)
 /// Request usage: prompts counted once each, completions summed over choices.
 pub fn total_usage(ends: &[&ChoiceEnd], n: u32) -> Usage {
     let completion: u32 = ends.iter().map(|e| e.usage.completion_tokens).sum();
-    let prompt: u32 =
-        ends.iter().filter(|e| e.index % n.max(1) == 0).map(|e| e.usage.prompt_tokens).sum();
+    let prompt: u32 = ends
+        .iter()
+        .filter(|e| e.index % n.max(1) == 0)
+        .map(|e| e.usage.prompt_tokens)
+        .sum();
     Usage::new(prompt, completion)
 }

@@ -25,7 +25,11 @@ struct Args {
     #[arg(long, env = "SPECULA_API_PORT", default_value_t = 8000)]
     port: u16,
     /// The model: a GGUF file or an HF directory (tokenizer.json + tokenizer_config.json).
-    #[arg(long, env = "SPECULA_MODEL", default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    #[arg(
+        long,
+        env = "SPECULA_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
     model: PathBuf,
     /// Name clients use in `model` (default: the model file's name without `.gguf` and
     /// quantization tag; the --model argument as given is accepted too, as vLLM does).
@@ -40,7 +44,11 @@ struct Args {
     )]
     worker_endpoints: Vec<String>,
     /// The token-processor's endpoint for api-servers (its ROUTER socket).
-    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value = "tcp://127.0.0.1:5557")]
+    #[arg(
+        long,
+        env = "SPECULA_TP_ENDPOINT",
+        default_value = "tcp://127.0.0.1:5557"
+    )]
     tp_endpoint: String,
     /// Require `Authorization: Bearer <key>` on every route but /health.
     #[arg(long, env = "SPECULA_API_KEY", hide_env_values = true)]
@@ -130,7 +138,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "tokenizer loaded"
     );
 
-    let api_server_id = args.api_server_id.clone().unwrap_or_else(|| format!("api-{}", args.port));
+    let api_server_id = args
+        .api_server_id
+        .clone()
+        .unwrap_or_else(|| format!("api-{}", args.port));
     let engine = EngineClient::start(EngineConfig::new(
         args.worker_endpoints.clone(),
         args.tp_endpoint.clone(),
@@ -158,8 +169,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
     tracing::info!(
         %addr,
         %api_server_id,

@@ -18,7 +18,10 @@ pub struct ModelAssets {
 }
 
 fn load_err(path: &Path, reason: impl std::fmt::Display) -> ApiError {
-    ApiError::ModelLoad { what: path.display().to_string(), reason: reason.to_string() }
+    ApiError::ModelLoad {
+        what: path.display().to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 impl ModelAssets {
@@ -43,7 +46,11 @@ impl ModelAssets {
             Ok(source) => Some(Self::template(source, &tokenizer)?),
             Err(_) => None,
         };
-        Ok(Self { tokenizer: Arc::new(tokenizer), chat_template, context_length })
+        Ok(Self {
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            context_length,
+        })
     }
 
     pub fn from_hf_dir(dir: &Path) -> Result<Self, ApiError> {
@@ -62,11 +69,18 @@ impl ModelAssets {
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|v| v.get("max_position_embeddings").and_then(|n| n.as_u64()))
             .and_then(|n| u32::try_from(n).ok());
-        Ok(Self { tokenizer: Arc::new(tokenizer), chat_template, context_length })
+        Ok(Self {
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            context_length,
+        })
     }
 
     fn template(source: &str, tokenizer: &Tokenizer) -> Result<ChatTemplate, ApiError> {
-        let text = |id: Option<u32>| id.and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
+        let text = |id: Option<u32>| {
+            id.and_then(|id| tokenizer.token_text(id))
+                .unwrap_or_default()
+        };
         ChatTemplate::new(source, text(tokenizer.bos_id()), text(tokenizer.eos_id()))
     }
 }
@@ -87,7 +101,10 @@ fn is_quant_tag(segment: &str) -> bool {
 /// `.gguf` extension and quantization tag, e.g. `SmolLM2-135M-Instruct.Q4_1.gguf` →
 /// `SmolLM2-135M-Instruct`.
 pub fn default_served_name(path: &Path) -> String {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let stem = file.strip_suffix(".gguf").unwrap_or(&file);
     match stem.rsplit_once(['.', '-']) {
         Some((base, tag)) if !base.is_empty() && is_quant_tag(tag) => base.to_owned(),
@@ -99,7 +116,10 @@ pub fn default_served_name(path: &Path) -> String {
 /// given (vLLM's default name), its file name and the file name without `.gguf`.
 pub fn model_aliases(served: &str, model_arg: &Path) -> Vec<String> {
     let mut names = vec![served.to_owned(), model_arg.display().to_string()];
-    if let Some(file) = model_arg.file_name().map(|f| f.to_string_lossy().into_owned()) {
+    if let Some(file) = model_arg
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+    {
         if let Some(stem) = file.strip_suffix(".gguf") {
             names.push(stem.to_owned());
         }
@@ -117,8 +137,14 @@ mod tests {
     #[test]
     fn default_names_drop_extension_and_quant_tag() {
         let name = |p: &str| default_served_name(Path::new(p));
-        assert_eq!(name("models/SmolLM2-135M-Instruct.Q4_1.gguf"), "SmolLM2-135M-Instruct");
-        assert_eq!(name("llama-3-8b-instruct-Q4_K_M.gguf"), "llama-3-8b-instruct");
+        assert_eq!(
+            name("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            "SmolLM2-135M-Instruct"
+        );
+        assert_eq!(
+            name("llama-3-8b-instruct-Q4_K_M.gguf"),
+            "llama-3-8b-instruct"
+        );
         assert_eq!(name("tiny.f16.gguf"), "tiny");
         assert_eq!(name("/models/Qwen2.5-0.5B"), "Qwen2.5-0.5B");
         assert_eq!(name("plain.gguf"), "plain");

@@ -81,7 +81,10 @@ where
     ));
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }
@@ -103,7 +106,12 @@ where
         ends: Vec<ChoiceEnd>,
         finished: bool,
     }
-    let state = State { updates: Some(updates), format, ends: Vec::new(), finished: false };
+    let state = State {
+        updates: Some(updates),
+        format,
+        ends: Vec::new(),
+        finished: false,
+    };
     stream::unfold(state, move |mut st| async move {
         if st.finished {
             return None;

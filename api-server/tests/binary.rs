@@ -36,11 +36,15 @@ fn spawn(
 }
 
 async fn wait_healthy(port: u16) {
-    support::wait_until(Duration::from_secs(20), "api-server healthy", || async move {
-        reqwest::get(format!("http://127.0.0.1:{port}/health"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
+    support::wait_until(
+        Duration::from_secs(20),
+        "api-server healthy",
+        || async move {
+            reqwest::get(format!("http://127.0.0.1:{port}/health"))
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        },
+    )
     .await;
 }
 
@@ -91,7 +95,9 @@ async fn notifies_systemd_ready_once_healthy() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("notify.sock");
     let socket = UnixDatagram::bind(&path).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let port = support::free_port();
     let mut child = spawn(&engine, port, &[], Some(&path));
     let message = tokio::task::spawn_blocking(move || {
@@ -103,7 +109,9 @@ async fn notifies_systemd_ready_once_healthy() {
     .unwrap();
     assert!(message.contains("READY=1"), "{message}");
     // Ready means healthy.
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health")).await.unwrap();
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     let _ = child.kill();
     let _ = child.wait();
@@ -112,7 +120,10 @@ async fn notifies_systemd_ready_once_healthy() {
 
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
-    let tokens = support::load_model().tokenizer.encode("The capital of France is Paris.").unwrap();
+    let tokens = support::load_model()
+        .tokenizer
+        .encode("The capital of France is Paris.")
+        .unwrap();
     let behaviour = Behaviour::Paced {
         tokens,
         finish: FinishReason::Length,
@@ -135,11 +146,17 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     })
     .await;
     sigterm(&child);
-    let response = in_flight.await.unwrap().expect("in-flight request answered");
+    let response = in_flight
+        .await
+        .unwrap()
+        .expect("in-flight request answered");
     assert_eq!(response.status(), 200);
     let v: Value = response.json().await.unwrap();
     assert_eq!(v["choices"][0]["text"], "The capital of France is Paris.");
-    assert_eq!(wait_exit(&mut child, Duration::from_secs(10)).await, Some(0));
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
 }
 
 #[tokio::test]

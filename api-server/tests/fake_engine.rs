@@ -22,11 +22,19 @@ fn tokens_of(text: &str, eos: bool) -> Vec<u32> {
 }
 
 fn complete(text: &str, finish: FinishReason) -> Behaviour {
-    Behaviour::Complete { tokens: tokens_of(text, finish == FinishReason::Stop), finish }
+    Behaviour::Complete {
+        tokens: tokens_of(text, finish == FinishReason::Stop),
+        finish,
+    }
 }
 
 async fn post(base: &str, path: &str, body: Value) -> reqwest::Response {
-    reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap()
+    reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
 }
 
 fn metrics_json(id: u64) -> Value {
@@ -35,8 +43,11 @@ fn metrics_json(id: u64) -> Value {
 
 #[tokio::test]
 async fn completion_returns_text_usage_and_metrics() {
-    let engine =
-        FakeEngine::start(complete("The capital of France is Paris.", FinishReason::Stop), 2).await;
+    let engine = FakeEngine::start(
+        complete("The capital of France is Paris.", FinishReason::Stop),
+        2,
+    )
+    .await;
     let (base, _client) = support::serve(&engine, Duration::from_secs(10)).await;
     let prompt = "What is the capital of France?";
     let r = post(
@@ -90,7 +101,10 @@ async fn n_choices_are_separate_engine_requests_with_their_own_metrics() {
     let adds = engine.adds();
     assert_eq!(adds.len(), 2);
     assert_ne!(adds[0].id, adds[1].id);
-    assert_ne!(adds[0].sampling.seed, adds[1].sampling.seed, "choices sample independently");
+    assert_ne!(
+        adds[0].sampling.seed, adds[1].sampling.seed,
+        "choices sample independently"
+    );
     let choices = v["choices"].as_array().unwrap();
     assert_eq!(choices.len(), 2);
     let mut seen_metrics = Vec::new();
@@ -106,8 +120,14 @@ async fn n_choices_are_separate_engine_requests_with_their_own_metrics() {
     seen_metrics.sort_by_key(|m| m["num_steps"].as_u64());
     assert_eq!(seen_metrics, want);
     let prompt_len = adds[0].prompt_token_ids.len();
-    assert_eq!(v["usage"]["prompt_tokens"], prompt_len, "prompt counted once");
-    assert_eq!(v["usage"]["completion_tokens"], 2 * tokens_of("Paris.", true).len());
+    assert_eq!(
+        v["usage"]["prompt_tokens"], prompt_len,
+        "prompt counted once"
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        2 * tokens_of("Paris.", true).len()
+    );
 }
 
 #[tokio::test]
@@ -127,8 +147,10 @@ async fn chat_stream_puts_metrics_only_in_each_choices_final_chunk() {
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let data = sse_data(&r.text().await.unwrap());
     assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> =
-        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     let usage_chunk = chunks.last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
     let completion = 2 * tokens_of(TEXT, false).len();
@@ -143,7 +165,10 @@ async fn chat_stream_puts_metrics_only_in_each_choices_final_chunk() {
         let i = choice["index"].as_u64().unwrap() as usize;
         texts[i].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
         if choice["finish_reason"].is_null() {
-            assert!(choice["speculate_metrics"].is_null(), "metrics only in the final chunk");
+            assert!(
+                choice["speculate_metrics"].is_null(),
+                "metrics only in the final chunk"
+            );
         } else {
             finals[i] += 1;
             assert_eq!(choice["finish_reason"], "length");
@@ -164,9 +189,12 @@ async fn chat_stream_puts_metrics_only_in_each_choices_final_chunk() {
 async fn completion_stream_without_usage_omits_the_field() {
     let engine = FakeEngine::start(complete(TEXT, FinishReason::Length), 2).await;
     let (base, _client) = support::serve(&engine, Duration::from_secs(10)).await;
-    let r =
-        post(&base, "/v1/completions", json!({"prompt": "Hi", "stream": true, "max_tokens": 100}))
-            .await;
+    let r = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Hi", "stream": true, "max_tokens": 100}),
+    )
+    .await;
     let data = sse_data(&r.text().await.unwrap());
     assert_eq!(data.last().unwrap(), "[DONE]");
     let mut text = String::new();
@@ -194,7 +222,10 @@ async fn stop_strings_are_cut_and_the_request_stopped() {
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["stop_reason"], " It");
     let add = &engine.adds()[0];
-    assert_eq!(add.stop.stop_strings, vec![" It".to_owned(), "zzz".to_owned()]);
+    assert_eq!(
+        add.stop.stop_strings,
+        vec![" It".to_owned(), "zzz".to_owned()]
+    );
 
     // Streaming: no chunk ever shows the stop string or what follows.
     let r = post(
@@ -220,8 +251,11 @@ async fn stop_strings_are_cut_and_the_request_stopped() {
 async fn metrics_are_null_when_speculation_is_off() {
     let engine = FakeEngine::start(complete("Paris.", FinishReason::Stop), 0).await;
     let (base, _client) = support::serve(&engine, Duration::from_secs(10)).await;
-    let v: Value =
-        post(&base, "/v1/completions", json!({"prompt": "Hi"})).await.json().await.unwrap();
+    let v: Value = post(&base, "/v1/completions", json!({"prompt": "Hi"}))
+        .await
+        .json()
+        .await
+        .unwrap();
     let choice = v["choices"][0].as_object().unwrap();
     assert!(choice.contains_key("speculate_metrics") && choice["speculate_metrics"].is_null());
 }
@@ -230,9 +264,12 @@ async fn metrics_are_null_when_speculation_is_off() {
 async fn streaming_client_disconnect_aborts_the_engine_request() {
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
-    let r =
-        post(&base, "/v1/completions", json!({"prompt": "Hi", "stream": true, "max_tokens": 1000}))
-            .await;
+    let r = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Hi", "stream": true, "max_tokens": 1000}),
+    )
+    .await;
     let mut body = r.bytes_stream();
     let first = body.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
@@ -243,9 +280,11 @@ async fn streaming_client_disconnect_aborts_the_engine_request() {
         engine.aborts().contains(&id)
     })
     .await;
-    support::wait_until(Duration::from_secs(3), "request state cleaned up", || async {
-        client.in_flight() == 0
-    })
+    support::wait_until(
+        Duration::from_secs(3),
+        "request state cleaned up",
+        || async { client.in_flight() == 0 },
+    )
     .await;
 }
 
@@ -264,9 +303,11 @@ async fn non_streaming_client_disconnect_aborts_the_engine_request() {
         engine.aborts().contains(&id)
     })
     .await;
-    support::wait_until(Duration::from_secs(3), "request state cleaned up", || async {
-        client.in_flight() == 0
-    })
+    support::wait_until(
+        Duration::from_secs(3),
+        "request state cleaned up",
+        || async { client.in_flight() == 0 },
+    )
     .await;
 }
 
@@ -274,7 +315,12 @@ async fn non_streaming_client_disconnect_aborts_the_engine_request() {
 async fn request_timeout_aborts_and_answers_503() {
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let (base, _client) = support::serve(&engine, Duration::from_secs(1)).await;
-    let r = post(&base, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 1000})).await;
+    let r = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 1000}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "request_timeout");
@@ -291,14 +337,26 @@ async fn worker_death_fails_in_flight_requests_with_503() {
     let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
     let pending = tokio::spawn({
         let base = base.clone();
-        async move { post(&base, "/v1/completions", json!({"prompt": "Hi", "max_tokens": 1000})).await }
+        async move {
+            post(
+                &base,
+                "/v1/completions",
+                json!({"prompt": "Hi", "max_tokens": 1000}),
+            )
+            .await
+        }
     });
-    support::wait_until(Duration::from_secs(3), "request reached the worker", || async {
-        !engine.adds().is_empty()
-    })
+    support::wait_until(
+        Duration::from_secs(3),
+        "request reached the worker",
+        || async { !engine.adds().is_empty() },
+    )
     .await;
     engine.kill_worker();
-    let r = tokio::time::timeout(Duration::from_secs(5), pending).await.expect("no hang").unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("no hang")
+        .unwrap();
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "engine_unavailable");
@@ -332,11 +390,16 @@ async fn token_processor_death_ends_streams_with_an_error_event() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(error["error"]["code"], "engine_unavailable");
-    assert!(error["error"]["message"].as_str().unwrap().contains("token processor"));
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("token processor"));
     let id = engine.adds()[0].id;
-    support::wait_until(Duration::from_secs(3), "abort sent to the worker", || async {
-        engine.aborts().contains(&id)
-    })
+    support::wait_until(
+        Duration::from_secs(3),
+        "abort sent to the worker",
+        || async { engine.aborts().contains(&id) },
+    )
     .await;
     assert_eq!(client.in_flight(), 0);
 }
@@ -345,14 +408,23 @@ async fn token_processor_death_ends_streams_with_an_error_event() {
 async fn engine_refusals_get_http_statuses_also_when_streaming() {
     use proto::api_worker::RejectReason;
     for (reason, status, code) in [
-        (RejectReason::Invalid("prompt too long for this worker".into()), 400, "invalid_value"),
+        (
+            RejectReason::Invalid("prompt too long for this worker".into()),
+            400,
+            "invalid_value",
+        ),
         (RejectReason::Overloaded, 429, "overloaded"),
         (RejectReason::NotAccepting, 503, "engine_unavailable"),
     ] {
         let engine = FakeEngine::start(Behaviour::Reject(reason), 2).await;
         let (base, client) = support::serve(&engine, Duration::from_secs(10)).await;
         for stream in [false, true] {
-            let r = post(&base, "/v1/completions", json!({"prompt": "Hi", "stream": stream})).await;
+            let r = post(
+                &base,
+                "/v1/completions",
+                json!({"prompt": "Hi", "stream": stream}),
+            )
+            .await;
             assert_eq!(r.status(), status, "stream={stream}");
             let v: Value = r.json().await.unwrap();
             assert_eq!(v["error"]["code"], code);

@@ -57,35 +57,62 @@ fn cases() -> Vec<Case> {
     let long_prompt: Vec<u32> = vec![504; 9000];
     let user = |c: &str| json!({"role": "user", "content": c});
     vec![
-        with_code(post("invalid json", "/v1/completions", "{\"prompt\": ", bad), "invalid_json"),
+        with_code(
+            post("invalid json", "/v1/completions", "{\"prompt\": ", bad),
+            "invalid_json",
+        ),
         post("empty body", "/v1/completions", "", bad),
         post("array body", "/v1/completions", "[1, 2]", bad),
         post("string body", "/v1/completions", "\"hello\"", bad),
         post("number body", "/v1/completions", "42", bad),
         post("null body", "/v1/completions", "null", bad),
-        post("NaN literal", "/v1/completions", r#"{"prompt": "x", "temperature": NaN}"#, bad),
+        post(
+            "NaN literal",
+            "/v1/completions",
+            r#"{"prompt": "x", "temperature": NaN}"#,
+            bad,
+        ),
         post(
             "overflowing number",
             "/v1/completions",
             r#"{"prompt": "x", "temperature": 1e999}"#,
             bad,
         ),
-        post("trailing garbage", "/v1/completions", r#"{"prompt": "x"} {}"#, bad),
-        with_code(post("deeply nested", "/v1/completions", deep, bad), "invalid_json"),
+        post(
+            "trailing garbage",
+            "/v1/completions",
+            r#"{"prompt": "x"} {}"#,
+            bad,
+        ),
+        with_code(
+            post("deeply nested", "/v1/completions", deep, bad),
+            "invalid_json",
+        ),
         Case {
             body: Body::from(vec![b'{', 0xff, 0xfe, b'}']),
             content_length: Some("4".into()),
             ..post("invalid utf-8", "/v1/completions", "", bad)
         },
-        with_code(completion("missing prompt", json!({"prompt": null}), schema), "invalid_schema"),
+        with_code(
+            completion("missing prompt", json!({"prompt": null}), schema),
+            "invalid_schema",
+        ),
         completion("prompt is a number", json!({"prompt": 5}), schema),
         completion("prompt is an object", json!({"prompt": {"a": 1}}), schema),
         completion("empty prompt", json!({"prompt": ""}), bad),
         completion("empty prompt list", json!({"prompt": []}), bad),
-        completion("token id outside vocab", json!({"prompt": [1, 2, 999999]}), bad),
+        completion(
+            "token id outside vocab",
+            json!({"prompt": [1, 2, 999999]}),
+            bad,
+        ),
         completion("negative token id", json!({"prompt": [-1]}), bad),
         with_code(
-            completion("unknown model", json!({"model": "gpt-4"}), StatusCode::NOT_FOUND),
+            completion(
+                "unknown model",
+                json!({"model": "gpt-4"}),
+                StatusCode::NOT_FOUND,
+            ),
             "model_not_found",
         ),
         completion("model is a number", json!({"model": 3}), schema),
@@ -94,7 +121,11 @@ fn cases() -> Vec<Case> {
             "invalid_value",
         ),
         completion("temperature too high", json!({"temperature": 7.5}), bad),
-        completion("temperature as string", json!({"temperature": "hot"}), schema),
+        completion(
+            "temperature as string",
+            json!({"temperature": "hot"}),
+            schema,
+        ),
         completion("top_p zero", json!({"top_p": 0.0}), bad),
         completion("top_p above one", json!({"top_p": 1.5}), bad),
         completion("top_k negative", json!({"top_k": -5}), bad),
@@ -104,17 +135,33 @@ fn cases() -> Vec<Case> {
         completion("max_tokens zero", json!({"max_tokens": 0}), bad),
         completion("max_tokens negative", json!({"max_tokens": -3}), bad),
         with_code(
-            completion("max_tokens past the context", json!({"max_tokens": 100000}), bad),
+            completion(
+                "max_tokens past the context",
+                json!({"max_tokens": 100000}),
+                bad,
+            ),
             "context_length_exceeded",
         ),
         with_code(
-            completion("prompt longer than the context", json!({"prompt": long_prompt}), bad),
+            completion(
+                "prompt longer than the context",
+                json!({"prompt": long_prompt}),
+                bad,
+            ),
             "context_length_exceeded",
         ),
         completion("too many stop strings", json!({"stop": vec!["a"; 40]}), bad),
-        completion("stop string too long", json!({"stop": "x".repeat(1000)}), bad),
+        completion(
+            "stop string too long",
+            json!({"stop": "x".repeat(1000)}),
+            bad,
+        ),
         completion("stop is a number", json!({"stop": 4}), schema),
-        completion("stop token outside vocab", json!({"stop_token_ids": [10_000_000]}), bad),
+        completion(
+            "stop token outside vocab",
+            json!({"stop_token_ids": [10_000_000]}),
+            bad,
+        ),
         completion("seed as string", json!({"seed": "abc"}), schema),
         completion("stream as string", json!({"stream": "yes"}), schema),
         completion(
@@ -126,11 +173,27 @@ fn cases() -> Vec<Case> {
         completion("echo requested", json!({"echo": true}), bad),
         completion("presence penalty", json!({"presence_penalty": 1.0}), bad),
         completion("too many prompts", json!({"prompt": vec!["hi"; 100]}), bad),
-        chat("chat without messages", json!({"model": support::SERVED}), schema),
+        chat(
+            "chat without messages",
+            json!({"model": support::SERVED}),
+            schema,
+        ),
         chat("chat with empty messages", json!({"messages": []}), bad),
-        chat("chat messages not a list", json!({"messages": "hi"}), schema),
-        chat("chat message without role", json!({"messages": [{"content": "hi"}]}), schema),
-        chat("chat unknown role", json!({"messages": [{"role": "wizard", "content": "hi"}]}), bad),
+        chat(
+            "chat messages not a list",
+            json!({"messages": "hi"}),
+            schema,
+        ),
+        chat(
+            "chat message without role",
+            json!({"messages": [{"content": "hi"}]}),
+            schema,
+        ),
+        chat(
+            "chat unknown role",
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}),
+            bad,
+        ),
         chat(
             "chat image part",
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
@@ -146,8 +209,16 @@ fn cases() -> Vec<Case> {
             json!({"messages": [user("hi")], "max_completion_tokens": 9000}),
             bad,
         ),
-        chat("chat top_p negative", json!({"messages": [user("hi")], "top_p": -1}), bad),
-        chat("chat tools", json!({"messages": [user("hi")], "tools": [{"type": "function"}]}), bad),
+        chat(
+            "chat top_p negative",
+            json!({"messages": [user("hi")], "top_p": -1}),
+            bad,
+        ),
+        chat(
+            "chat tools",
+            json!({"messages": [user("hi")], "tools": [{"type": "function"}]}),
+            bad,
+        ),
         Case {
             content_length: Some((10 * 1024 * 1024).to_string()),
             ..with_code(
@@ -175,13 +246,23 @@ fn cases() -> Vec<Case> {
         with_code(
             Case {
                 method: Method::GET,
-                ..post("unknown route", "/v1/nonexistent", "", StatusCode::NOT_FOUND)
+                ..post(
+                    "unknown route",
+                    "/v1/nonexistent",
+                    "",
+                    StatusCode::NOT_FOUND,
+                )
             },
             "unknown_url",
         ),
         Case {
             method: Method::GET,
-            ..post("wrong method", "/v1/completions", "", StatusCode::METHOD_NOT_ALLOWED)
+            ..post(
+                "wrong method",
+                "/v1/completions",
+                "",
+                StatusCode::METHOD_NOT_ALLOWED,
+            )
         },
     ]
 }
@@ -195,16 +276,38 @@ async fn check(app: &axum::Router, case: Case) {
     if let Some(auth) = case.auth {
         builder = builder.header("authorization", auth);
     }
-    let response = app.clone().oneshot(builder.body(case.body).unwrap()).await.unwrap();
+    let response = app
+        .clone()
+        .oneshot(builder.body(case.body).unwrap())
+        .await
+        .unwrap();
     let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
-    assert_eq!(status, case.want, "{}: {}", case.name, String::from_utf8_lossy(&body));
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        case.want,
+        "{}: {}",
+        case.name,
+        String::from_utf8_lossy(&body)
+    );
     let v: Value =
         serde_json::from_slice(&body).unwrap_or_else(|_| panic!("{}: not JSON", case.name));
-    let error = v["error"].as_object().unwrap_or_else(|| panic!("{}: no envelope", case.name));
-    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", case.name);
+    let error = v["error"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{}: no envelope", case.name));
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{}",
+        case.name
+    );
     assert!(error["type"].is_string(), "{}", case.name);
-    assert!(error.contains_key("param") && error.contains_key("code"), "{}", case.name);
+    assert!(
+        error.contains_key("param") && error.contains_key("code"),
+        "{}",
+        case.name
+    );
     if let Some(code) = case.code {
         assert_eq!(error["code"], code, "{}", case.name);
     }
@@ -232,12 +335,20 @@ async fn api_key_guards_every_route_but_health() {
         // Authorized: passes auth and reaches the (absent) engine.
         (Some("Bearer sk-secret"), StatusCode::SERVICE_UNAVAILABLE),
     ] {
-        let case = Case { auth, ..post("auth", "/v1/completions", ok_body.clone(), want) };
+        let case = Case {
+            auth,
+            ..post("auth", "/v1/completions", ok_body.clone(), want)
+        };
         check(&app, case).await;
     }
     let case = Case {
         method: Method::GET,
-        ..post("models without key", "/v1/models", "", StatusCode::UNAUTHORIZED)
+        ..post(
+            "models without key",
+            "/v1/models",
+            "",
+            StatusCode::UNAUTHORIZED,
+        )
     };
     check(&app, case).await;
     // /health needs no key (and is not ready: no engine).
@@ -258,10 +369,14 @@ async fn valid_request_without_engine_is_503_not_a_hang() {
 #[tokio::test]
 async fn models_lists_the_served_model() {
     let app = support::offline_router(None);
-    let response =
-        app.oneshot(Request::get("/v1/models").body(Body::empty()).unwrap()).await.unwrap();
+    let response = app
+        .oneshot(Request::get("/v1/models").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], support::SERVED);

@@ -23,7 +23,11 @@ fn golden(name: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -46,7 +50,11 @@ fn gguf_tokenizer_reproduces_golden_prompt_ids() {
     for name in ["capital.json", "code.json", "list.json", "story.json"] {
         let g = golden(name);
         let prompt = g["prompt"].as_str().unwrap();
-        assert_eq!(m.tokenizer.encode_prompt(prompt).unwrap(), ids(&g["prompt_ids"]), "{name}");
+        assert_eq!(
+            m.tokenizer.encode_prompt(prompt).unwrap(),
+            ids(&g["prompt_ids"]),
+            "{name}"
+        );
     }
 }
 
@@ -64,15 +72,23 @@ fn gguf_metadata_gives_specials_and_context() {
 fn chat_template_renders_the_golden_capital_prompt() {
     let m = model();
     let g = golden("capital.json");
-    let template = m.chat_template.as_ref().expect("GGUF carries a chat template");
+    let template = m
+        .chat_template
+        .as_ref()
+        .expect("GGUF carries a chat template");
     let system = TemplateMessage {
         role: "system".into(),
         content: "You are a helpful AI assistant named SmolLM, trained by Hugging Face".into(),
     };
-    let user =
-        TemplateMessage { role: "user".into(), content: "What is the capital of France?".into() };
+    let user = TemplateMessage {
+        role: "user".into(),
+        content: "What is the capital of France?".into(),
+    };
     let want = g["prompt"].as_str().unwrap();
-    assert_eq!(template.render(&[system, user.clone()], true).unwrap(), want);
+    assert_eq!(
+        template.render(&[system, user.clone()], true).unwrap(),
+        want
+    );
     // The template supplies the same system prompt when none is given.
     assert_eq!(template.render(&[user], true).unwrap(), want);
 }
@@ -87,7 +103,10 @@ fn incremental_decoding_never_splits_a_character() {
     for id in &ids {
         // Every piece is valid UTF-8 by type; also never a U+FFFD from a split character.
         let piece = dec.push(&[*id]);
-        assert!(!piece.contains('\u{FFFD}'), "split character after token {id}");
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "split character after token {id}"
+        );
         out.push_str(&piece);
     }
     out.push_str(&dec.finish());
@@ -99,7 +118,13 @@ fn stop_strings_and_what_follows_are_never_returned() {
     let m = model();
     let text = "The capital of France is Paris. It is lovely.";
     let ids = m.tokenizer.encode(text).unwrap();
-    for stop in [" Paris", "is P", ".", "lovely.", "France is Paris. It is lovely."] {
+    for stop in [
+        " Paris",
+        "is P",
+        ".",
+        "lovely.",
+        "France is Paris. It is lovely.",
+    ] {
         let mut dec = IncrementalDecoder::new(Arc::clone(&m.tokenizer), vec![stop.to_owned()]);
         let mut out = String::new();
         for id in &ids {
@@ -132,16 +157,28 @@ fn hf_directory_loads_the_same_tokenizer_and_template() {
     let m = model();
     let dir = std::env::temp_dir().join(format!("specula-hf-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), m.tokenizer.to_hf_json().unwrap()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        m.tokenizer.to_hf_json().unwrap(),
+    )
+    .unwrap();
     let gguf = gguf::GgufFile::open(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
-    let template = gguf.metadata().get_str("tokenizer.chat_template").unwrap().to_owned();
+    let template = gguf
+        .metadata()
+        .get_str("tokenizer.chat_template")
+        .unwrap()
+        .to_owned();
     let config = serde_json::json!({
         "chat_template": template,
         "bos_token": {"content": "<|im_start|>"},
         "eos_token": "<|im_end|>",
     });
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("config.json"), r#"{"max_position_embeddings": 8192}"#).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"max_position_embeddings": 8192}"#,
+    )
+    .unwrap();
 
     let hf = ModelAssets::load(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
@@ -151,15 +188,29 @@ fn hf_directory_loads_the_same_tokenizer_and_template() {
     for case in golden("tokenizer.json")["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         let want = ids(&case["ids"]);
-        assert_eq!(hf.tokenizer.encode(text).unwrap(), want, "HF encode({text:?})");
+        assert_eq!(
+            hf.tokenizer.encode(text).unwrap(),
+            want,
+            "HF encode({text:?})"
+        );
         assert_eq!(hf.tokenizer.decode(&want, false), text);
     }
     let g = golden("capital.json");
-    let user =
-        TemplateMessage { role: "user".into(), content: "What is the capital of France?".into() };
-    let prompt = hf.chat_template.as_ref().unwrap().render(&[user], true).unwrap();
+    let user = TemplateMessage {
+        role: "user".into(),
+        content: "What is the capital of France?".into(),
+    };
+    let prompt = hf
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&[user], true)
+        .unwrap();
     assert_eq!(prompt, g["prompt"].as_str().unwrap());
-    assert_eq!(hf.tokenizer.encode_prompt(&prompt).unwrap(), ids(&g["prompt_ids"]));
+    assert_eq!(
+        hf.tokenizer.encode_prompt(&prompt).unwrap(),
+        ids(&g["prompt_ids"])
+    );
 }
 
 /// Reference for the incremental decoder: after each token, re-decode the whole prefix (complete
@@ -184,11 +235,14 @@ fn reference_output(m: &ModelAssets, ids: &[u32], stops: &[String]) -> String {
 fn incremental_decoding_matches_a_from_scratch_reference_on_random_inputs() {
     use rand::{Rng, SeedableRng};
     let m = model();
-    let pieces = ["a", "b", "ab", " the", " ", "\n", "é", "日本", "🚀", "1", "23", ".", "—"];
+    let pieces = [
+        "a", "b", "ab", " the", " ", "\n", "é", "日本", "🚀", "1", "23", ".", "—",
+    ];
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     for case in 0..300 {
-        let text: String =
-            (0..rng.gen_range(0..25)).map(|_| pieces[rng.gen_range(0..pieces.len())]).collect();
+        let text: String = (0..rng.gen_range(0..25))
+            .map(|_| pieces[rng.gen_range(0..pieces.len())])
+            .collect();
         let stops: Vec<String> = (0..rng.gen_range(0..3))
             .map(|_| {
                 if !text.is_empty() && rng.gen_bool(0.5) {
@@ -216,6 +270,10 @@ fn incremental_decoding_matches_a_from_scratch_reference_on_random_inputs() {
         out.push_str(&dec.finish());
         let want = reference_output(&m, &ids, &stops);
         assert_eq!(out, want, "case {case}: text {text:?} stops {stops:?}");
-        assert_eq!(dec.matched_stop().is_some(), want.len() < text.len(), "case {case}");
+        assert_eq!(
+            dec.matched_stop().is_some(),
+            want.len() < text.len(),
+            "case {case}"
+        );
     }
 }

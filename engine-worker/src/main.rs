@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::backend::Backend;
+use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, TokenBytes};
 use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig};
 use engine_worker::io::step_loop::{run_step_loop, StepLoopIo};
@@ -16,6 +16,7 @@ use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
 use engine_worker::trace::TraceWriter;
+use engine_worker::EngineError;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LoadFormatArg {
@@ -25,11 +26,6 @@ enum LoadFormatArg {
     Safetensors,
     /// Random weights in the model's shape (benchmarks).
     Dummy,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum DeviceArg {
-    Cpu,
 }
 
 #[derive(Debug, Parser)]
@@ -51,9 +47,9 @@ struct Args {
     /// Weight type of `--load-format dummy` weights.
     #[arg(long, env = "SPECULA_DUMMY_DTYPE", default_value = "q4_1")]
     dummy_dtype: String,
-    /// Device to run on.
-    #[arg(long, env = "SPECULA_DEVICE", value_enum, default_value = "cpu")]
-    device: DeviceArg,
+    /// Device to run on: `cpu`, or `cuda:N` (needs a build with `--features cuda`).
+    #[arg(long, env = "SPECULA_DEVICE", default_value = "cpu")]
+    device: Device,
     /// K: draft tokens per verification step; 0 turns speculative decoding off.
     #[arg(long, env = "SPECULA_NUM_SPEC_TOKENS", default_value_t = 4)]
     num_spec_tokens: usize,
@@ -290,8 +286,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build_engine(args: &Args) -> anyhow::Result<Engine<CpuBackend>> {
-    let DeviceArg::Cpu = args.device;
+fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
     let format = match args.load_format {
         LoadFormatArg::Auto => LoadFormat::Auto,
         LoadFormatArg::Gguf => LoadFormat::Gguf,
@@ -304,10 +299,7 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<CpuBackend>> {
     let model = Model::load(&args.model, format, dtype, args.seed)
         .with_context(|| format!("cannot load {}", args.model.display()))?;
     let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
-    let mut options = CpuBackendOptions::new(args.num_kv_blocks);
-    options.block_size = args.block_size;
-    options.threads = args.threads;
-    let backend = CpuBackend::new(model, options)?;
+    let backend = build_backend(args, model)?;
     tracing::info!(
         model = %backend.config().name,
         load_ms = started.elapsed().as_millis() as u64,
@@ -323,4 +315,36 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<CpuBackend>> {
         max_waiting: args.max_waiting,
     };
     Ok(Engine::new(backend, cfg, vocab))
+}
+
+fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> {
+    match args.device {
+        Device::Cpu => {
+            let mut options = CpuBackendOptions::new(args.num_kv_blocks);
+            options.block_size = args.block_size;
+            options.threads = args.threads;
+            Ok(Box::new(CpuBackend::new(model, options)?))
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => {
+            use engine_worker::backend::cuda::{CudaBackend, CudaOptions};
+            let options = CudaOptions {
+                ordinal,
+                block_size: args.block_size,
+                num_blocks: Some(args.num_kv_blocks),
+                ..CudaOptions::default()
+            };
+            Ok(Box::new(CudaBackend::new(
+                &model.config,
+                &model.weights,
+                &options,
+            )?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(ordinal) => Err(EngineError::BackendUnavailable {
+            backend: format!("cuda:{ordinal}"),
+            reason: "this engine-worker was built without the `cuda` feature".into(),
+        }
+        .into()),
+    }
 }

@@ -29,7 +29,12 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
-    pub const GREEDY: Self = Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: None };
+    pub const GREEDY: Self = Self {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: None,
+    };
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -65,7 +70,10 @@ pub enum ApiToWorker {
     Add(AddRequest),
     Abort(Abort),
     /// Liveness; a worker aborts the requests of an api-server it has not heard from in time.
-    Heartbeat { api_server_id: String, epoch: u64 },
+    Heartbeat {
+        api_server_id: String,
+        epoch: u64,
+    },
 }
 
 /// Why a worker refused a request outright (before any step ran).

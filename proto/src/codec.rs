@@ -12,7 +12,10 @@ pub const MAX_FRAME_BYTES: usize = 16 << 20;
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtoError> {
     let bytes = rmp_serde::to_vec(msg)?;
     if bytes.len() > MAX_FRAME_BYTES {
-        return Err(ProtoError::FrameTooLarge { len: bytes.len(), cap: MAX_FRAME_BYTES });
+        return Err(ProtoError::FrameTooLarge {
+            len: bytes.len(),
+            cap: MAX_FRAME_BYTES,
+        });
     }
     Ok(bytes)
 }
@@ -21,7 +24,10 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtoError> {
 /// pre-allocation and the reader never reads past the frame), and the frame by [`MAX_FRAME_BYTES`].
 pub fn decode<T: DeserializeOwned>(frame: &[u8]) -> Result<T, ProtoError> {
     if frame.len() > MAX_FRAME_BYTES {
-        return Err(ProtoError::FrameTooLarge { len: frame.len(), cap: MAX_FRAME_BYTES });
+        return Err(ProtoError::FrameTooLarge {
+            len: frame.len(),
+            cap: MAX_FRAME_BYTES,
+        });
     }
     // A cursor reader copies strings out but never allocates past the bytes actually present.
     let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(frame));

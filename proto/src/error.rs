@@ -15,7 +15,11 @@ pub enum ProtoError {
         "protocol version mismatch: {peer} speaks specula protocol v{peer_version}, \
          this build speaks v{ours}"
     )]
-    VersionMismatch { peer: String, peer_version: u32, ours: u32 },
+    VersionMismatch {
+        peer: String,
+        peer_version: u32,
+        ours: u32,
+    },
     #[error("inconsistent step batch: {0}")]
     InvalidBatch(&'static str),
 }

@@ -86,7 +86,13 @@ pub struct StepRow<'a> {
 
 impl StepBatch {
     pub fn new(worker_id: String, epoch: u64, seq: u64) -> Self {
-        Self { worker_id, epoch, seq, token_offsets: vec![0], ..Self::default() }
+        Self {
+            worker_id,
+            epoch,
+            seq,
+            token_offsets: vec![0],
+            ..Self::default()
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -128,7 +134,9 @@ impl StepBatch {
             return Err(ProtoError::InvalidBatch("column lengths differ"));
         }
         if self.token_offsets[0] != 0 || self.token_offsets[n] as usize != self.tokens.len() {
-            return Err(ProtoError::InvalidBatch("token offsets do not span the tokens"));
+            return Err(ProtoError::InvalidBatch(
+                "token offsets do not span the tokens",
+            ));
         }
         if self.token_offsets.windows(2).any(|w| w[0] > w[1]) {
             return Err(ProtoError::InvalidBatch("token offsets decrease"));
@@ -136,7 +144,9 @@ impl StepBatch {
         for i in 0..n {
             let (d, a) = (self.drafted[i], self.accepted[i]);
             if a > d || u32::from(d) > num_spec_tokens {
-                return Err(ProtoError::InvalidBatch("accepted > drafted or drafted > K"));
+                return Err(ProtoError::InvalidBatch(
+                    "accepted > drafted or drafted > K",
+                ));
             }
             if self.flags[i] & !(FLAG_PREFILL | FLAG_PREEMPTED) != 0 {
                 return Err(ProtoError::InvalidBatch("unknown row flag"));
@@ -146,7 +156,9 @@ impl StepBatch {
             }
         }
         if self.starts.iter().any(|s| s.row as usize >= n) {
-            return Err(ProtoError::InvalidBatch("request start points past the rows"));
+            return Err(ProtoError::InvalidBatch(
+                "request start points past the rows",
+            ));
         }
         Ok(())
     }
@@ -154,7 +166,10 @@ impl StepBatch {
     /// Rows of a batch that passed [`validate`](Self::validate).
     pub fn rows(&self) -> impl ExactSizeIterator<Item = StepRow<'_>> + '_ {
         (0..self.ids.len()).map(move |i| {
-            let (lo, hi) = (self.token_offsets[i] as usize, self.token_offsets[i + 1] as usize);
+            let (lo, hi) = (
+                self.token_offsets[i] as usize,
+                self.token_offsets[i + 1] as usize,
+            );
             StepRow {
                 id: self.ids[i],
                 tokens: &self.tokens[lo..hi],
@@ -203,5 +218,8 @@ pub enum WorkerToTp {
     Heartbeat(Heartbeat),
     Resync(Resync),
     /// Clean shutdown: the worker's requests are all finished and it sends nothing more.
-    Goodbye { worker_id: String, epoch: u64 },
+    Goodbye {
+        worker_id: String,
+        epoch: u64,
+    },
 }

@@ -24,19 +24,37 @@ fn every_message_round_trips() {
     roundtrip(ApiToWorker::Hello(samples::api_hello()));
     roundtrip(ApiToWorker::Add(samples::add_request()));
     roundtrip(ApiToWorker::Abort(Abort { id: u64::MAX }));
-    roundtrip(ApiToWorker::Heartbeat { api_server_id: "a".into(), epoch: 1 });
+    roundtrip(ApiToWorker::Heartbeat {
+        api_server_id: "a".into(),
+        epoch: 1,
+    });
     roundtrip(WorkerToApi::Hello(samples::worker_hello()));
     roundtrip(WorkerToApi::Heartbeat(samples::heartbeat()));
-    roundtrip(WorkerToApi::Rejected { id: 1, reason: RejectReason::Overloaded });
-    roundtrip(WorkerToApi::Rejected { id: 1, reason: RejectReason::NotAccepting });
+    roundtrip(WorkerToApi::Rejected {
+        id: 1,
+        reason: RejectReason::Overloaded,
+    });
+    roundtrip(WorkerToApi::Rejected {
+        id: 1,
+        reason: RejectReason::NotAccepting,
+    });
     roundtrip(WorkerToTp::Hello(samples::worker_hello()));
     roundtrip(WorkerToTp::Step(samples::step_batch()));
     roundtrip(WorkerToTp::Heartbeat(samples::heartbeat()));
     roundtrip(WorkerToTp::Resync(samples::resync()));
-    roundtrip(WorkerToTp::Goodbye { worker_id: "w".into(), epoch: 9 });
+    roundtrip(WorkerToTp::Goodbye {
+        worker_id: "w".into(),
+        epoch: 9,
+    });
     roundtrip(ApiToTp::Hello(samples::api_hello()));
-    roundtrip(ApiToTp::Heartbeat { api_server_id: "a".into(), epoch: 2 });
-    roundtrip(TpToApi::Hello(TpHello { protocol_version: PROTOCOL_VERSION, epoch: 1 }));
+    roundtrip(ApiToTp::Heartbeat {
+        api_server_id: "a".into(),
+        epoch: 2,
+    });
+    roundtrip(TpToApi::Hello(TpHello {
+        protocol_version: PROTOCOL_VERSION,
+        epoch: 1,
+    }));
     roundtrip(TpToApi::Outputs(samples::outputs()));
 }
 
@@ -57,7 +75,10 @@ fn encodings_match_frozen_fixtures() {
         }
         let frozen = std::fs::read(&path)
             .unwrap_or_else(|e| panic!("missing fixture {}: {e}", path.display()));
-        assert_eq!(bytes, frozen, "encoding of {name} changed (protocol v{PROTOCOL_VERSION})");
+        assert_eq!(
+            bytes, frozen,
+            "encoding of {name} changed (protocol v{PROTOCOL_VERSION})"
+        );
     }
 }
 
@@ -66,7 +87,13 @@ fn encodings_match_frozen_fixtures() {
 fn fixtures_decode_to_their_link_type() {
     for (name, _) in samples::all_frames() {
         let frozen = std::fs::read(fixture_dir().join(format!("{name}.msgpack"))).unwrap();
-        let ok = match name.split('_').take(3).collect::<Vec<_>>().join("_").as_str() {
+        let ok = match name
+            .split('_')
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("_")
+            .as_str()
+        {
             "api_to_worker" => decode::<ApiToWorker>(&frozen).is_ok(),
             "worker_to_api" => decode::<WorkerToApi>(&frozen).is_ok(),
             "worker_to_tp" => decode::<WorkerToTp>(&frozen).is_ok(),
@@ -92,14 +119,23 @@ fn version_mismatch_names_both_versions() {
 #[test]
 fn oversized_truncated_and_trailing_frames_are_typed_errors() {
     let big = vec![0u8; proto::MAX_FRAME_BYTES + 1];
-    assert!(matches!(decode::<WorkerToTp>(&big), Err(ProtoError::FrameTooLarge { .. })));
+    assert!(matches!(
+        decode::<WorkerToTp>(&big),
+        Err(ProtoError::FrameTooLarge { .. })
+    ));
     let frame = encode(&WorkerToTp::Step(samples::step_batch())).unwrap();
     for cut in 0..frame.len() {
-        assert!(decode::<WorkerToTp>(&frame[..cut]).is_err(), "prefix {cut} decoded");
+        assert!(
+            decode::<WorkerToTp>(&frame[..cut]).is_err(),
+            "prefix {cut} decoded"
+        );
     }
     let mut long = frame.clone();
     long.push(0xc0);
-    assert!(matches!(decode::<WorkerToTp>(&long), Err(ProtoError::TrailingBytes { trailing: 1 })));
+    assert!(matches!(
+        decode::<WorkerToTp>(&long),
+        Err(ProtoError::TrailingBytes { trailing: 1 })
+    ));
 }
 
 #[test]
@@ -114,17 +150,30 @@ fn speculate_metrics_json_has_the_spec_field_order() {
     })
     .expect("shared/spec/acceptance-metrics.md beside the checkout");
     // Field names in the order of the spec's per-request table: rows "| `name` | ...".
-    let section = spec.split("## Per request").nth(1).unwrap().split("## In aggregate").next().unwrap();
+    let section = spec
+        .split("## Per request")
+        .nth(1)
+        .unwrap()
+        .split("## In aggregate")
+        .next()
+        .unwrap();
     let spec_fields: Vec<&str> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
         .filter_map(|l| l.split('`').next())
         .collect();
     let json = serde_json::to_value(samples::speculate_metrics()).unwrap();
-    let ours: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+    let ours: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     let text = serde_json::to_string(&samples::speculate_metrics()).unwrap();
-    let mut order: Vec<(usize, &str)> =
-        ours.iter().map(|k| (text.find(&format!("\"{k}\"")).unwrap(), *k)).collect();
+    let mut order: Vec<(usize, &str)> = ours
+        .iter()
+        .map(|k| (text.find(&format!("\"{k}\"")).unwrap(), *k))
+        .collect();
     order.sort();
     let ours_in_order: Vec<&str> = order.into_iter().map(|(_, k)| k).collect();
     assert_eq!(ours_in_order, spec_fields);
@@ -135,7 +184,10 @@ fn step_batch_validation_rejects_inconsistent_columns() {
     let good = samples::step_batch();
     good.validate(4).unwrap();
     assert_eq!(good.rows().len(), 4);
-    assert!(good.validate(3).is_err(), "drafted 4 > K=3 must be rejected");
+    assert!(
+        good.validate(3).is_err(),
+        "drafted 4 > K=3 must be rejected"
+    );
 
     let mut b = good.clone();
     b.accepted[1] = 5;

@@ -25,7 +25,11 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// A loopback TCP port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `cond` until it holds or `timeout` passes.

@@ -68,7 +68,9 @@ pub async fn stream(
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
             for line in event.lines() {
-                let Some(data) = line.strip_prefix("data: ") else { continue };
+                let Some(data) = line.strip_prefix("data: ") else {
+                    continue;
+                };
                 if data.trim() == "[DONE]" {
                     out.done = true;
                     return out;

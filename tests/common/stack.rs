@@ -36,7 +36,12 @@ pub struct StackConfig {
 
 impl Default for StackConfig {
     fn default() -> Self {
-        Self { num_spec_tokens: 4, worker_args: vec![], api_args: vec![], tp_args: vec![] }
+        Self {
+            num_spec_tokens: 4,
+            worker_args: vec![],
+            api_args: vec![],
+            tp_args: vec![],
+        }
     }
 }
 
@@ -52,8 +57,11 @@ pub struct Stack {
 impl Stack {
     /// Starts all three processes and waits until both HTTP servers report healthy.
     pub async fn start(config: StackConfig) -> Stack {
-        let dir = std::env::temp_dir()
-            .join(format!("specula-stack-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "specula-stack-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let mut stack = Stack {
             dir,
@@ -61,7 +69,10 @@ impl Stack {
             metrics_port: free_port(),
             config,
             children: [None, None, None],
-            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
         };
         for p in Proc::ALL {
             stack.spawn(p);
@@ -81,7 +92,9 @@ impl Stack {
     /// (Re)starts one process with the stack's settings.
     pub fn spawn(&mut self, p: Proc) {
         let mut cmd = Command::new(binary(p.binary_name()));
-        cmd.env_remove("NOTIFY_SOCKET").env("RUST_LOG", "info").stdin(Stdio::null());
+        cmd.env_remove("NOTIFY_SOCKET")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -100,7 +113,10 @@ impl Stack {
                 cmd.args(["--model", &model])
                     .args(["--api-endpoint", &self.endpoint("worker-0")])
                     .args(["--tp-endpoint", &self.endpoint("tp-ingest")])
-                    .args(["--num-spec-tokens", &self.config.num_spec_tokens.to_string()])
+                    .args([
+                        "--num-spec-tokens",
+                        &self.config.num_spec_tokens.to_string(),
+                    ])
                     .args(&self.config.worker_args);
             }
             Proc::ApiServer => {
@@ -115,7 +131,10 @@ impl Stack {
     }
 
     pub fn pid(&self, p: Proc) -> u32 {
-        self.children[Self::index(p)].as_ref().expect("process not running").id()
+        self.children[Self::index(p)]
+            .as_ref()
+            .expect("process not running")
+            .id()
     }
 
     /// Sends a signal (e.g. "KILL", "TERM", "STOP", "CONT") to one process.
@@ -130,14 +149,19 @@ impl Stack {
 
     /// Waits for a process to exit and returns its exit code (None when killed by a signal).
     pub async fn wait_exit(&mut self, p: Proc, timeout: Duration) -> Option<i32> {
-        let child = self.children[Self::index(p)].as_mut().expect("process not running");
+        let child = self.children[Self::index(p)]
+            .as_mut()
+            .expect("process not running");
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 self.children[Self::index(p)] = None;
                 return status.code();
             }
-            assert!(std::time::Instant::now() < deadline, "{p:?} did not exit within {timeout:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{p:?} did not exit within {timeout:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -155,20 +179,36 @@ impl Stack {
     }
 
     pub async fn status(&self, url: &str) -> Option<u16> {
-        self.http.get(url).send().await.ok().map(|r| r.status().as_u16())
+        self.http
+            .get(url)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
     }
 
     pub async fn wait_healthy(&self, timeout: Duration) {
         let api = self.api("/health");
         let tp = format!("http://127.0.0.1:{}/health", self.metrics_port);
-        wait_until(timeout, "api-server and token-processor /health", || async {
-            self.status(&api).await == Some(200) && self.status(&tp).await == Some(200)
-        })
+        wait_until(
+            timeout,
+            "api-server and token-processor /health",
+            || async {
+                self.status(&api).await == Some(200) && self.status(&tp).await == Some(200)
+            },
+        )
         .await;
     }
 
     pub async fn metrics_text(&self) -> String {
-        self.http.get(self.metrics_url()).send().await.unwrap().text().await.unwrap()
+        self.http
+            .get(self.metrics_url())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     /// One process's log so far, for assertion messages.

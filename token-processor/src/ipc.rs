@@ -8,7 +8,9 @@ use std::path::Path;
 
 /// Before binding `endpoint`: deletes its socket file if nobody accepts connections on it.
 pub fn clear_stale_socket(endpoint: &str) -> io::Result<()> {
-    let Some(path) = endpoint.strip_prefix("ipc://") else { return Ok(()) };
+    let Some(path) = endpoint.strip_prefix("ipc://") else {
+        return Ok(());
+    };
     let path = Path::new(path);
     if !path.exists() {
         return Ok(());

@@ -208,7 +208,12 @@ impl EngineClient {
                 config.max_in_flight,
             )),
             workers: Mutex::new(
-                config.worker_endpoints.iter().cloned().map(WorkerPeer::new).collect(),
+                config
+                    .worker_endpoints
+                    .iter()
+                    .cloned()
+                    .map(WorkerPeer::new)
+                    .collect(),
             ),
             tp: Mutex::new(TpPeer::new(config.heartbeat_interval)),
             worker_tx,
@@ -228,7 +233,10 @@ impl EngineClient {
                 shutdown.subscribe(),
             )));
         }
-        tasks.push(tokio::spawn(links::run_tp_link(Arc::clone(&shared), shutdown.subscribe())));
+        tasks.push(tokio::spawn(links::run_tp_link(
+            Arc::clone(&shared),
+            shutdown.subscribe(),
+        )));
         let watchdog_shared = Arc::clone(&shared);
         let mut stop = shutdown.subscribe();
         tasks.push(tokio::spawn(async move {
@@ -240,7 +248,11 @@ impl EngineClient {
                 }
             }
         }));
-        Self { shared, shutdown: Arc::new(shutdown), tasks: Arc::new(Mutex::new(tasks)) }
+        Self {
+            shared,
+            shutdown: Arc::new(shutdown),
+            tasks: Arc::new(Mutex::new(tasks)),
+        }
     }
 
     /// `Ok` when requests can be served now; otherwise why not.
@@ -316,7 +328,9 @@ impl EngineClient {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
         if !lock(&shared.tp).alive {
-            return Err(ApiError::unavailable("the token processor is not available"));
+            return Err(ApiError::unavailable(
+                "the token processor is not available",
+            ));
         }
         let id = shared.ids.next();
         let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
@@ -330,7 +344,10 @@ impl EngineClient {
                     message: "too many requests in flight; retry later".into(),
                 });
             }
-            let k = workers[worker].hello.as_ref().map_or(0, |h| h.num_spec_tokens);
+            let k = workers[worker]
+                .hello
+                .as_ref()
+                .map_or(0, |h| h.num_spec_tokens);
             (worker, k > 0)
         };
         let add = AddRequest {
@@ -345,7 +362,10 @@ impl EngineClient {
                 .unwrap_or(0),
             owner: shared.config.api_server_id.clone(),
         };
-        if shared.worker_tx[worker].try_send(ApiToWorker::Add(add)).is_err() {
+        if shared.worker_tx[worker]
+            .try_send(ApiToWorker::Add(add))
+            .is_err()
+        {
             lock(&shared.registry).remove(id);
             return Err(ApiError::Overloaded {
                 message: "the engine queue is full; retry later".into(),

@@ -16,7 +16,10 @@ pub struct IdAllocator {
 
 impl IdAllocator {
     pub fn new(prefix: u32) -> Self {
-        Self { prefix: u64::from(prefix & 0xFF_FFFF) << COUNTER_BITS, counter: AtomicU64::new(0) }
+        Self {
+            prefix: u64::from(prefix & 0xFF_FFFF) << COUNTER_BITS,
+            counter: AtomicU64::new(0),
+        }
     }
 
     pub fn random() -> Self {

@@ -47,8 +47,14 @@ impl Peer {
         let api_server_id = shared.config.api_server_id.clone();
         let epoch = shared.epoch;
         let frame = match self {
-            Peer::Worker(_) => proto::encode(&ApiToWorker::Heartbeat { api_server_id, epoch }),
-            Peer::TokenProcessor => proto::encode(&ApiToTp::Heartbeat { api_server_id, epoch }),
+            Peer::Worker(_) => proto::encode(&ApiToWorker::Heartbeat {
+                api_server_id,
+                epoch,
+            }),
+            Peer::TokenProcessor => proto::encode(&ApiToTp::Heartbeat {
+                api_server_id,
+                epoch,
+            }),
         };
         frame.unwrap_or_default()
     }
@@ -75,7 +81,14 @@ pub(crate) async fn run_worker_link(
     outbound: mpsc::Receiver<ApiToWorker>,
     shutdown: watch::Receiver<bool>,
 ) {
-    run_link(shared, Peer::Worker(index), endpoint, Some(outbound), shutdown).await;
+    run_link(
+        shared,
+        Peer::Worker(index),
+        endpoint,
+        Some(outbound),
+        shutdown,
+    )
+    .await;
 }
 
 pub(crate) async fn run_tp_link(shared: Arc<Shared>, shutdown: watch::Receiver<bool>) {

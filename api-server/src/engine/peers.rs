@@ -45,14 +45,20 @@ impl WorkerPeer {
     }
 
     fn window(&self) -> Duration {
-        let ms = self.hello.as_ref().map_or(500, |h| h.heartbeat_interval_ms.max(1));
+        let ms = self
+            .hello
+            .as_ref()
+            .map_or(500, |h| h.heartbeat_interval_ms.max(1));
         Duration::from_millis(u64::from(ms)) * MISSED_INTERVALS
     }
 
     /// Records a hello; returns true when it shows a restart (new epoch), whose requests are
     /// gone.
     pub fn on_hello(&mut self, hello: WorkerHello, now: Instant) -> bool {
-        let restarted = self.hello.as_ref().is_some_and(|old| old.epoch != hello.epoch);
+        let restarted = self
+            .hello
+            .as_ref()
+            .is_some_and(|old| old.epoch != hello.epoch);
         self.accepting = hello.ready;
         self.hello = Some(hello);
         self.alive = true;
@@ -72,7 +78,9 @@ impl WorkerPeer {
 
     /// Declares the worker dead if it has been silent too long; true on the transition.
     pub fn check_liveness(&mut self, now: Instant) -> bool {
-        let silent = self.last_heard.is_none_or(|t| now.duration_since(t) > self.window());
+        let silent = self
+            .last_heard
+            .is_none_or(|t| now.duration_since(t) > self.window());
         if self.alive && silent {
             self.alive = false;
             return true;
@@ -93,7 +101,13 @@ pub struct TpPeer {
 
 impl TpPeer {
     pub fn new(interval: Duration) -> Self {
-        Self { hello: None, connected: false, alive: false, last_heard: None, interval }
+        Self {
+            hello: None,
+            connected: false,
+            alive: false,
+            last_heard: None,
+            interval,
+        }
     }
 
     pub fn on_hello(&mut self, hello: TpHello, now: Instant) {
@@ -105,7 +119,9 @@ impl TpPeer {
     /// Declares the token-processor dead if silent too long; true on the transition.
     pub fn check_liveness(&mut self, now: Instant) -> bool {
         let window = self.interval * MISSED_INTERVALS;
-        let silent = self.last_heard.is_none_or(|t| now.duration_since(t) > window);
+        let silent = self
+            .last_heard
+            .is_none_or(|t| now.duration_since(t) > window);
         if self.alive && silent {
             self.alive = false;
             return true;
@@ -153,7 +169,10 @@ mod tests {
         assert!(!w.check_liveness(t0 + Duration::from_millis(250)));
         assert!(w.check_liveness(t0 + Duration::from_millis(350)));
         assert!(!w.routable());
-        assert!(w.on_hello(hello(2, true), t0 + Duration::from_millis(400)), "new epoch");
+        assert!(
+            w.on_hello(hello(2, true), t0 + Duration::from_millis(400)),
+            "new epoch"
+        );
         w.on_heartbeat(
             &Heartbeat {
                 worker_id: "w".into(),
@@ -179,7 +198,10 @@ mod tests {
             w.on_hello(hello(1, true), t0);
         }
         let counts = [3, 1, 0];
-        assert_eq!(least_loaded(&[a.clone(), b.clone(), c.clone()], |i| counts[i]), Some(1));
+        assert_eq!(
+            least_loaded(&[a.clone(), b.clone(), c.clone()], |i| counts[i]),
+            Some(1)
+        );
         b.connected = false;
         assert_eq!(least_loaded(&[a, b, c], |i| counts[i]), Some(0));
     }
@@ -189,7 +211,13 @@ mod tests {
         let t0 = Instant::now();
         let mut tp = TpPeer::new(Duration::from_millis(100));
         assert!(!tp.check_liveness(t0), "never alive, so no transition");
-        tp.on_hello(TpHello { protocol_version: 1, epoch: 1 }, t0);
+        tp.on_hello(
+            TpHello {
+                protocol_version: 1,
+                epoch: 1,
+            },
+            t0,
+        );
         assert!(!tp.check_liveness(t0 + Duration::from_millis(299)));
         assert!(tp.check_liveness(t0 + Duration::from_millis(301)));
         assert!(!tp.alive);

@@ -42,7 +42,11 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(workers: usize, cap: usize) -> Self {
-        Self { entries: HashMap::new(), per_worker: vec![0; workers], cap }
+        Self {
+            entries: HashMap::new(),
+            per_worker: vec![0; workers],
+            cap,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -62,7 +66,14 @@ impl Registry {
         if self.entries.len() >= self.cap || worker >= self.per_worker.len() {
             return false;
         }
-        self.entries.insert(id, Entry { worker, tx, delivered: 0 });
+        self.entries.insert(
+            id,
+            Entry {
+                worker,
+                tx,
+                delivered: 0,
+            },
+        );
         self.per_worker[worker] += 1;
         true
     }
@@ -94,7 +105,9 @@ impl Registry {
             .filter(|(_, e)| on_worker.is_none_or(|w| e.worker == w))
             .map(|(id, _)| *id)
             .collect();
-        ids.into_iter().filter_map(|id| self.fail(id, failure.clone()).map(|w| (id, w))).collect()
+        ids.into_iter()
+            .filter_map(|id| self.fail(id, failure.clone()).map(|w| (id, w)))
+            .collect()
     }
 
     /// Delivers one output from the token-processor.
@@ -105,7 +118,11 @@ impl Registry {
         let worker = entry.worker;
         if out.first_index > entry.delivered {
             // Tokens between what we have and this output never arrived.
-            tracing::warn!(gap_from = entry.delivered, gap_to = out.first_index, "output gap");
+            tracing::warn!(
+                gap_from = entry.delivered,
+                gap_to = out.first_index,
+                "output gap"
+            );
             self.fail(out.id, EngineFailure::OutputGap);
             return Dispatch::Finished;
         }
@@ -175,11 +192,23 @@ mod tests {
         let mut reg = Registry::new(1, 8);
         let (tx, mut rx) = mpsc::channel(16);
         assert!(reg.insert(7, 0, tx));
-        assert_eq!(reg.dispatch(output(7, 0, &[10, 11, 12], None)), Dispatch::Delivered);
+        assert_eq!(
+            reg.dispatch(output(7, 0, &[10, 11, 12], None)),
+            Dispatch::Delivered
+        );
         // A resync replays everything, plus one new token.
-        assert_eq!(reg.dispatch(output(7, 0, &[10, 11, 12, 13], None)), Dispatch::Delivered);
-        assert_eq!(reg.dispatch(output(7, 2, &[12, 13], None)), Dispatch::Delivered);
-        assert_eq!(reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop))), Dispatch::Finished);
+        assert_eq!(
+            reg.dispatch(output(7, 0, &[10, 11, 12, 13], None)),
+            Dispatch::Delivered
+        );
+        assert_eq!(
+            reg.dispatch(output(7, 2, &[12, 13], None)),
+            Dispatch::Delivered
+        );
+        assert_eq!(
+            reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop))),
+            Dispatch::Finished
+        );
         assert_eq!(drain(&mut rx), vec![10, 11, 12, 13, 14]);
         assert!(reg.is_empty());
         assert_eq!(reg.in_flight_on(0), 0);
@@ -207,7 +236,10 @@ mod tests {
         assert!(reg.insert(1, 0, tx.clone()));
         assert!(reg.insert(2, 1, tx.clone()));
         assert!(!reg.insert(3, 1, tx));
-        assert_eq!(reg.fail_all(Some(1), EngineFailure::WorkerLost), vec![(2, 1)]);
+        assert_eq!(
+            reg.fail_all(Some(1), EngineFailure::WorkerLost),
+            vec![(2, 1)]
+        );
         assert_eq!(reg.len(), 1);
         assert_eq!(reg.in_flight_on(0), 1);
         assert_eq!(reg.in_flight_on(1), 0);
@@ -219,7 +251,10 @@ mod tests {
         let (tx, _rx) = mpsc::channel(1);
         reg.insert(1, 0, tx);
         assert_eq!(reg.dispatch(output(1, 0, &[1], None)), Dispatch::Delivered);
-        assert_eq!(reg.dispatch(output(1, 1, &[2], None)), Dispatch::Dropped { worker: 0 });
+        assert_eq!(
+            reg.dispatch(output(1, 1, &[2], None)),
+            Dispatch::Dropped { worker: 0 }
+        );
         assert!(reg.is_empty());
     }
 }

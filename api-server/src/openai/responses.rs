@@ -14,7 +14,11 @@ pub struct Usage {
 
 impl Usage {
     pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
     }
 }
 

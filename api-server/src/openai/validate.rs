@@ -95,13 +95,15 @@ pub fn completion_prompts(
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let prompts = match prompt {
         PromptInput::Text(text) => vec![tokenizer.encode_prompt(text)?],
-        PromptInput::Texts(texts) => {
-            texts.iter().map(|t| tokenizer.encode_prompt(t)).collect::<Result<Vec<_>, _>>()?
-        }
+        PromptInput::Texts(texts) => texts
+            .iter()
+            .map(|t| tokenizer.encode_prompt(t))
+            .collect::<Result<Vec<_>, _>>()?,
         PromptInput::Ids(ids) => vec![token_ids(ids, tokenizer)?],
-        PromptInput::IdLists(lists) => {
-            lists.iter().map(|ids| token_ids(ids, tokenizer)).collect::<Result<Vec<_>, _>>()?
-        }
+        PromptInput::IdLists(lists) => lists
+            .iter()
+            .map(|ids| token_ids(ids, tokenizer))
+            .collect::<Result<Vec<_>, _>>()?,
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "prompt must not be empty"));
@@ -149,7 +151,10 @@ pub fn chat_prompt(
     limits: &Limits,
 ) -> Result<Vec<u32>, ApiError> {
     let template = template.ok_or_else(|| {
-        ApiError::invalid("messages", "this model has no chat template; use /v1/completions")
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template; use /v1/completions",
+        )
     })?;
     if request.messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
@@ -168,16 +173,25 @@ pub fn chat_prompt(
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for m in &request.messages {
-        if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer" | "tool") {
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "developer" | "tool"
+        ) {
             return Err(ApiError::invalid("messages", "unknown message role"));
         }
-        messages.push(TemplateMessage { role: m.role.clone(), content: message_text(m)? });
+        messages.push(TemplateMessage {
+            role: m.role.clone(),
+            content: message_text(m)?,
+        });
     }
     let text = template.render(&messages, request.add_generation_prompt.unwrap_or(true))?;
     // The template wrote the special tokens; add none (vLLM's add_special_tokens=False).
     let ids = tokenizer.encode(&text)?;
     if ids.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered prompt is empty"));
+        return Err(ApiError::invalid(
+            "messages",
+            "the rendered prompt is empty",
+        ));
     }
     Ok(ids)
 }
@@ -211,7 +225,10 @@ fn stop_strings(stop: &Option<StopInput>, limits: &Limits) -> Result<Vec<String>
     if list.iter().any(|s| s.len() > limits.max_stop_bytes) {
         return Err(ApiError::invalid(
             "stop",
-            format!("stop strings are limited to {} bytes", limits.max_stop_bytes),
+            format!(
+                "stop strings are limited to {} bytes",
+                limits.max_stop_bytes
+            ),
         ));
     }
     Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
@@ -237,14 +254,22 @@ pub fn generate_spec(
         ("presence_penalty", fields.presence_penalty),
         ("frequency_penalty", fields.frequency_penalty),
     ] {
-        finite_in(param, value, |v| v == 0.0, "0 (penalties are not supported)")?;
+        finite_in(
+            param,
+            value,
+            |v| v == 0.0,
+            "0 (penalties are not supported)",
+        )?;
     }
     if fields
         .logit_bias
         .as_ref()
         .is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|o| !o.is_empty()))
     {
-        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported"));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "logit_bias is not supported",
+        ));
     }
     let top_k = match fields.top_k {
         None | Some(-1) | Some(0) => 0,
@@ -260,7 +285,10 @@ pub fn generate_spec(
         None => 1,
         Some(n) if n >= 1 && n <= i64::from(limits.max_n) => n as u32,
         Some(_) => {
-            return Err(ApiError::invalid("n", format!("n must be between 1 and {}", limits.max_n)))
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be between 1 and {}", limits.max_n),
+            ))
         }
     };
     if fields.user.as_ref().is_some_and(|u| u.len() > 1024) {
@@ -269,7 +297,10 @@ pub fn generate_spec(
     let stop_token_ids = match &fields.stop_token_ids {
         None => Vec::new(),
         Some(ids) if ids.len() > 256 => {
-            return Err(ApiError::invalid("stop_token_ids", "at most 256 stop token ids"))
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                "at most 256 stop token ids",
+            ))
         }
         Some(ids) => ids
             .iter()
@@ -285,10 +316,16 @@ pub fn generate_spec(
     };
     let stream = fields.stream.unwrap_or(false);
     if fields.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid("stream_options", "stream_options requires stream=true"));
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options requires stream=true",
+        ));
     }
-    let include_usage =
-        fields.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let include_usage = fields
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
 
     let ctx = limits.max_model_len;
     let mut budgets = Vec::with_capacity(prompts.len());

@@ -29,7 +29,12 @@ pub async fn handle(
     let req: ChatCompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
     check_model(req.model.as_deref(), &state.model_names)?;
     let tokenizer = &state.model.tokenizer;
-    let prompt = chat_prompt(&req, state.model.chat_template.as_ref(), tokenizer, &state.limits)?;
+    let prompt = chat_prompt(
+        &req,
+        state.model.chat_template.as_ref(),
+        tokenizer,
+        &state.limits,
+    )?;
     // `max_completion_tokens` is the newer name; it wins when both are given.
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let spec = generate_spec(
@@ -46,7 +51,11 @@ pub async fn handle(
     let model = state.served_model_name.to_string();
 
     if spec.stream {
-        let usage_field = if spec.include_usage { UsageField::Null } else { UsageField::Omitted };
+        let usage_field = if spec.include_usage {
+            UsageField::Null
+        } else {
+            UsageField::Omitted
+        };
         let chunk = {
             let (id, model) = (id.clone(), model.clone());
             move |choices: Vec<ChatChunkChoice>, usage: UsageField| {
@@ -66,7 +75,10 @@ pub async fn handle(
                 chunk(
                     vec![ChatChunkChoice {
                         index,
-                        delta: Delta { role: Some("assistant"), content: Some(String::new()) },
+                        delta: Delta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                        },
                         logprobs: None,
                         finish_reason: None,
                         stop_reason: None,
@@ -81,7 +93,10 @@ pub async fn handle(
                 StreamItem::Update(ChoiceUpdate::Text { index, text }) => chunk(
                     vec![ChatChunkChoice {
                         index: *index,
-                        delta: Delta { role: None, content: Some(text.clone()) },
+                        delta: Delta {
+                            role: None,
+                            content: Some(text.clone()),
+                        },
                         logprobs: None,
                         finish_reason: None,
                         stop_reason: None,
@@ -107,7 +122,13 @@ pub async fn handle(
             }
         };
         let runs = first_updates(runs).await?;
-        return Ok(sse_response(runs, prelude, spec.include_usage, spec.n, format));
+        return Ok(sse_response(
+            runs,
+            prelude,
+            spec.include_usage,
+            spec.n,
+            format,
+        ));
     }
 
     let results = collect_all(runs).await?;
@@ -117,7 +138,10 @@ pub async fn handle(
         .into_iter()
         .map(|(text, end)| ChatChoice {
             index: end.index,
-            message: AssistantMessage { role: "assistant", content: text },
+            message: AssistantMessage {
+                role: "assistant",
+                content: text,
+            },
             logprobs: None,
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason,
@@ -125,5 +149,13 @@ pub async fn handle(
         })
         .collect();
     choices.sort_by_key(|c| c.index);
-    Ok(Json(ChatResponse { id, object: OBJECT, created, model, choices, usage }).into_response())
+    Ok(Json(ChatResponse {
+        id,
+        object: OBJECT,
+        created,
+        model,
+        choices,
+        usage,
+    })
+    .into_response())
 }

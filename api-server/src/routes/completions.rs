@@ -31,7 +31,10 @@ fn unsupported_fields(req: &CompletionRequest) -> Result<(), ApiError> {
     if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
-    if req.best_of.is_some_and(|b| Some(b) != req.sampling.n.or(Some(1))) {
+    if req
+        .best_of
+        .is_some_and(|b| Some(b) != req.sampling.n.or(Some(1)))
+    {
         return Err(ApiError::invalid("best_of", "best_of must equal n"));
     }
     Ok(())
@@ -61,7 +64,11 @@ pub async fn handle(
     let model = state.served_model_name.to_string();
 
     if spec.stream {
-        let usage_field = if spec.include_usage { UsageField::Null } else { UsageField::Omitted };
+        let usage_field = if spec.include_usage {
+            UsageField::Null
+        } else {
+            UsageField::Omitted
+        };
         let format = move |item: StreamItem<'_>| -> Bytes {
             let (choices, usage) = match item {
                 StreamItem::Update(ChoiceUpdate::Text { index, text }) => (
@@ -98,7 +105,13 @@ pub async fn handle(
             })
         };
         let runs = first_updates(runs).await?;
-        return Ok(sse_response(runs, Vec::new(), spec.include_usage, spec.n, format));
+        return Ok(sse_response(
+            runs,
+            Vec::new(),
+            spec.include_usage,
+            spec.n,
+            format,
+        ));
     }
 
     let results = collect_all(runs).await?;
@@ -116,6 +129,13 @@ pub async fn handle(
         })
         .collect();
     choices.sort_by_key(|c| c.index);
-    Ok(Json(CompletionResponse { id, object: OBJECT, created, model, choices, usage: Some(usage) })
-        .into_response())
+    Ok(Json(CompletionResponse {
+        id,
+        object: OBJECT,
+        created,
+        model,
+        choices,
+        usage: Some(usage),
+    })
+    .into_response())
 }

@@ -59,6 +59,9 @@ pub fn router(state: AppState, api_key: ApiKey) -> Router {
         .route("/health", get(health::handle))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(api_key, require_api_key))
+        .layer(axum::middleware::from_fn_with_state(
+            api_key,
+            require_api_key,
+        ))
         .with_state(state)
 }

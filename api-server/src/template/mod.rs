@@ -38,10 +38,16 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.add_function("raise_exception", raise_exception);
         env.set_unknown_method_callback(pycompat::method);
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(|e| {
-            ApiError::ModelLoad { what: "chat template".into(), reason: e.to_string() }
-        })?;
-        Ok(Self { env, bos_token, eos_token })
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| ApiError::ModelLoad {
+                what: "chat template".into(),
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            env,
+            bos_token,
+            eos_token,
+        })
     }
 
     /// Renders the prompt text for `messages`. A template error (e.g. its `raise_exception` on
@@ -51,7 +57,10 @@ impl ChatTemplate {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|_| ApiError::Internal)?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|_| ApiError::Internal)?;
         template
             .render(minijinja::context! {
                 messages => messages,
@@ -82,7 +91,10 @@ mod tests {
     use super::*;
 
     fn msg(role: &str, content: &str) -> TemplateMessage {
-        TemplateMessage { role: role.into(), content: content.into() }
+        TemplateMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 
     #[test]
@@ -107,7 +119,13 @@ mod tests {
             "</s>".into(),
         )
         .unwrap();
-        assert_eq!(t.render(&[msg("user", "hi")], true).unwrap(), "<s>user:hi\nA:");
-        assert_eq!(t.render(&[msg("user", "hi")], false).unwrap(), "<s>user:hi\n");
+        assert_eq!(
+            t.render(&[msg("user", "hi")], true).unwrap(),
+            "<s>user:hi\nA:"
+        );
+        assert_eq!(
+            t.render(&[msg("user", "hi")], false).unwrap(),
+            "<s>user:hi\n"
+        );
     }
 }

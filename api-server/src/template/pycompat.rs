@@ -54,7 +54,10 @@ fn map_method(state: &State, map: &Value, method: &str, args: &[Value]) -> Resul
         "keys" => Ok(Value::from(map.try_iter()?.collect::<Vec<_>>())),
         "values" => {
             let keys: Vec<Value> = map.try_iter()?.collect();
-            let values = keys.iter().map(|k| map.get_item(k)).collect::<Result<Vec<_>, _>>()?;
+            let values = keys
+                .iter()
+                .map(|k| map.get_item(k))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(Value::from(values))
         }
         "get" => {
@@ -86,8 +89,11 @@ mod tests {
     fn render(source: &str) -> String {
         let mut env = Environment::new();
         env.set_unknown_method_callback(super::method);
-        env.render_str(source, context! { m => context! { role => "system", content => "  hi  " } })
-            .unwrap()
+        env.render_str(
+            source,
+            context! { m => context! { role => "system", content => "  hi  " } },
+        )
+        .unwrap()
     }
 
     #[test]
@@ -99,6 +105,9 @@ mod tests {
         assert_eq!(render("{{ m.get('name', 'none') }}"), "none");
         assert_eq!(render("{{ m.get('role') }}"), "system");
         assert_eq!(render("{{ 'a,b'.split(',') | length }}"), "2");
-        assert_eq!(render("{% for k, v in m.items() %}{{ k }}{% endfor %}"), "rolecontent");
+        assert_eq!(
+            render("{% for k, v in m.items() %}{{ k }}{% endfor %}"),
+            "rolecontent"
+        );
     }
 }

@@ -24,7 +24,13 @@ fn byte_to_char() -> [char; 256] {
 
 fn char_to_byte() -> &'static HashMap<char, u8> {
     static TABLE: OnceLock<HashMap<char, u8>> = OnceLock::new();
-    TABLE.get_or_init(|| byte_to_char().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect())
+    TABLE.get_or_init(|| {
+        byte_to_char()
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect()
+    })
 }
 
 /// The raw bytes a byte-level vocabulary entry stands for, or `None` if it holds a char outside

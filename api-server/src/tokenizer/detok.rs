@@ -25,7 +25,12 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> Self {
         let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        let hold_back = stops.iter().map(String::len).max().unwrap_or(1).saturating_sub(1);
+        let hold_back = stops
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
         Self {
             tokenizer,
             pending: Vec::new(),
@@ -111,7 +116,8 @@ impl IncrementalDecoder {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // Safe: the prefix was just validated.
-                    self.text.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or(""));
+                    self.text
+                        .push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or(""));
                     match e.error_len() {
                         // An unfinished character: wait for its next bytes.
                         None => {

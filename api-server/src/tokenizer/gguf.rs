@@ -19,7 +19,10 @@ const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 fn load_err(reason: impl Into<String>) -> ApiError {
-    ApiError::ModelLoad { what: "GGUF tokenizer".into(), reason: reason.into() }
+    ApiError::ModelLoad {
+        what: "GGUF tokenizer".into(),
+        reason: reason.into(),
+    }
 }
 
 fn meta_err(e: gguf::GgufError) -> ApiError {
@@ -44,10 +47,16 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, ApiError> {
 pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer, ApiError> {
     let model = meta.get_str("tokenizer.ggml.model").map_err(meta_err)?;
     if model != "gpt2" {
-        return Err(load_err(format!("unsupported tokenizer model {model:?} (only gpt2 BPE)")));
+        return Err(load_err(format!(
+            "unsupported tokenizer model {model:?} (only gpt2 BPE)"
+        )));
     }
-    let tokens = meta.get_str_array("tokenizer.ggml.tokens").map_err(meta_err)?;
-    let merges = meta.get_str_array("tokenizer.ggml.merges").map_err(meta_err)?;
+    let tokens = meta
+        .get_str_array("tokenizer.ggml.tokens")
+        .map_err(meta_err)?;
+    let merges = meta
+        .get_str_array("tokenizer.ggml.merges")
+        .map_err(meta_err)?;
     let types = match meta.get_i32_array("tokenizer.ggml.token_type") {
         Ok(t) => t,
         Err(_) => vec![1; tokens.len()],
@@ -58,9 +67,15 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer, ApiError> {
     let pre = meta.get_str("tokenizer.ggml.pre").unwrap_or("default");
     let bos_id = meta.get_u32("tokenizer.ggml.bos_token_id").ok();
     let eos_id = meta.get_u32("tokenizer.ggml.eos_token_id").ok();
-    let add_bos = meta.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+    let add_bos = meta
+        .get_bool("tokenizer.ggml.add_bos_token")
+        .unwrap_or(false);
 
-    let vocab: Vocab = tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), id as u32))
+        .collect();
     let merge_pairs = merges
         .iter()
         .map(|m| {
@@ -101,6 +116,17 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer, ApiError> {
             return Err(load_err(format!("{name} outside the vocabulary")));
         }
     }
-    let bos_policy = if add_bos { BosPolicy::Prepend } else { BosPolicy::Never };
-    Ok(Tokenizer::from_parts(inner, token_bytes, special, bos_id, eos_id, bos_policy))
+    let bos_policy = if add_bos {
+        BosPolicy::Prepend
+    } else {
+        BosPolicy::Never
+    };
+    Ok(Tokenizer::from_parts(
+        inner,
+        token_bytes,
+        special,
+        bos_id,
+        eos_id,
+        bos_policy,
+    ))
 }

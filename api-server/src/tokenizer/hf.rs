@@ -9,7 +9,10 @@ use super::{bytelevel, BosPolicy, Tokenizer};
 use crate::error::ApiError;
 
 fn load_err(path: &Path, reason: impl std::fmt::Display) -> ApiError {
-    ApiError::ModelLoad { what: path.display().to_string(), reason: reason.to_string() }
+    ApiError::ModelLoad {
+        what: path.display().to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 /// What `tokenizer_config.json` adds to `tokenizer.json`.
@@ -97,5 +100,12 @@ pub fn load(dir: &Path, config: &HfTokenizerConfig) -> Result<Tokenizer, ApiErro
     let id_of = |t: &Option<String>| t.as_deref().and_then(|t| inner.token_to_id(t));
     let bos_id = id_of(&config.bos_token);
     let eos_id = id_of(&config.eos_token);
-    Ok(Tokenizer::from_parts(inner, token_bytes, special, bos_id, eos_id, BosPolicy::PostProcessor))
+    Ok(Tokenizer::from_parts(
+        inner,
+        token_bytes,
+        special,
+        bos_id,
+        eos_id,
+        BosPolicy::PostProcessor,
+    ))
 }

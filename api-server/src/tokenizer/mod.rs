@@ -40,7 +40,14 @@ impl Tokenizer {
         eos_id: Option<u32>,
         bos_policy: BosPolicy,
     ) -> Self {
-        Self { inner, token_bytes, special, bos_id, eos_id, bos_policy }
+        Self {
+            inner,
+            token_bytes,
+            special,
+            bos_id,
+            eos_id,
+            bos_policy,
+        }
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -94,10 +101,12 @@ impl Tokenizer {
 
     /// The tokenizer as an HF `tokenizer.json` document (e.g. to export a GGUF's tokenizer).
     pub fn to_hf_json(&self) -> Result<String, ApiError> {
-        self.inner.to_string(false).map_err(|e| ApiError::ModelLoad {
-            what: "tokenizer.json".into(),
-            reason: e.to_string(),
-        })
+        self.inner
+            .to_string(false)
+            .map_err(|e| ApiError::ModelLoad {
+                what: "tokenizer.json".into(),
+                reason: e.to_string(),
+            })
     }
 
     /// Raw bytes of one token, or `None` for an id outside the vocabulary.

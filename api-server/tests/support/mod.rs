@@ -36,7 +36,11 @@ pub fn load_model() -> Arc<ModelAssets> {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub const SERVED: &str = "smollm2";
@@ -67,7 +71,10 @@ pub fn offline_router(api_key: Option<&str>) -> axum::Router {
         vec![format!("tcp://127.0.0.1:{}", free_port())],
         format!("tcp://127.0.0.1:{}", free_port()),
     ));
-    router(state(engine, Duration::from_secs(5)), ApiKey(api_key.map(Into::into)))
+    router(
+        state(engine, Duration::from_secs(5)),
+        ApiKey(api_key.map(Into::into)),
+    )
 }
 
 /// What the fake engine does with each request.
@@ -75,13 +82,20 @@ pub fn offline_router(api_key: Option<&str>) -> axum::Router {
 pub enum Behaviour {
     /// Emit `tokens` two at a time (each output also repeating the previous one, as a resync
     /// would), then finish with `finish`.
-    Complete { tokens: Vec<u32>, finish: FinishReason },
+    Complete {
+        tokens: Vec<u32>,
+        finish: FinishReason,
+    },
     /// Emit one token every 30 ms until aborted; then a final `abort` output.
     Trickle { token: u32 },
     /// The worker refuses every request.
     Reject(proto::api_worker::RejectReason),
     /// Emit `tokens` one every `delay`, then finish with `finish`.
-    Paced { tokens: Vec<u32>, finish: FinishReason, delay: Duration },
+    Paced {
+        tokens: Vec<u32>,
+        finish: FinishReason,
+        delay: Duration,
+    },
 }
 
 #[derive(Default)]
@@ -147,8 +161,13 @@ impl FakeEngine {
             add_tx,
             num_spec_tokens,
         ));
-        let tp_task =
-            tokio::spawn(run_tp(tp, add_rx, Arc::clone(&behaviour), aborted, num_spec_tokens));
+        let tp_task = tokio::spawn(run_tp(
+            tp,
+            add_rx,
+            Arc::clone(&behaviour),
+            aborted,
+            num_spec_tokens,
+        ));
         Self {
             worker_endpoint,
             tp_endpoint,
@@ -290,7 +309,9 @@ async fn generate(
                 let end = (sent + 2).min(tokens.len());
                 // Replays the previous output's tokens too: the api-server must drop them.
                 let from = sent.saturating_sub(1);
-                let _ = out.send(output(&add, from as u32, tokens[from..end].to_vec())).await;
+                let _ = out
+                    .send(output(&add, from as u32, tokens[from..end].to_vec()))
+                    .await;
                 sent = end;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -301,7 +322,11 @@ async fn generate(
             let _ = out.send(last).await;
         }
         Behaviour::Reject(_) => {}
-        Behaviour::Paced { tokens, finish, delay } => {
+        Behaviour::Paced {
+            tokens,
+            finish,
+            delay,
+        } => {
             for (i, token) in tokens.iter().enumerate() {
                 let _ = out.send(output(&add, i as u32, vec![*token])).await;
                 tokio::time::sleep(delay).await;
@@ -395,7 +420,12 @@ pub async fn serve(engine: &FakeEngine, timeout: Duration) -> (String, EngineCli
     let base = format!("http://{addr}");
     wait_until(Duration::from_secs(10), "api-server healthy", || {
         let url = format!("{base}/health");
-        async move { reqwest::get(&url).await.map(|r| r.status() == 200).unwrap_or(false) }
+        async move {
+            reqwest::get(&url)
+                .await
+                .map(|r| r.status() == 200)
+                .unwrap_or(false)
+        }
     })
     .await;
     (base, client)
@@ -418,5 +448,8 @@ where
 
 /// Parses an SSE body into its `data:` payloads.
 pub fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n").filter_map(|event| event.strip_prefix("data: ")).map(str::to_owned).collect()
+    body.split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
 }

@@ -51,3 +51,67 @@ pub trait Backend: Send {
     /// sequence order. Each sequence's result does not depend on the others in the batch.
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError>;
 }
+
+/// Lets the step driver hold whichever backend `--device` chose.
+impl Backend for Box<dyn Backend> {
+    fn config(&self) -> &ModelConfig {
+        (**self).config()
+    }
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        (**self).num_blocks()
+    }
+    fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
+        (**self).forward(seqs)
+    }
+}
+
+/// Where the model runs (`--device`): `cpu`, `cuda` or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("cpu") {
+            return Ok(Device::Cpu);
+        }
+        if s.eq_ignore_ascii_case("cuda") {
+            return Ok(Device::Cuda(0));
+        }
+        match s.split_once(':') {
+            Some((prefix, n)) if prefix.eq_ignore_ascii_case("cuda") => n
+                .parse()
+                .map(Device::Cuda)
+                .map_err(|_| EngineError::BackendUnavailable {
+                    backend: s.to_owned(),
+                    reason: "expected cuda:N with N a device ordinal".into(),
+                }),
+            _ => Err(EngineError::BackendUnavailable {
+                backend: s.to_owned(),
+                reason: "unknown device; use cpu, cuda or cuda:N".into(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+
+    #[test]
+    fn device_names_parse() {
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+        assert_eq!("CUDA:3".parse::<Device>().unwrap(), Device::Cuda(3));
+        assert!("cuda:x".parse::<Device>().is_err());
+        assert!("tpu".parse::<Device>().is_err());
+    }
+}

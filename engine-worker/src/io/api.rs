@@ -36,6 +36,7 @@ struct ApiPeer {
 
 /// Binds the ROUTER; call before loading the model so peers get a not-ready hello meanwhile.
 pub async fn bind_api(endpoint: &str) -> Result<RouterSocket, zeromq::ZmqError> {
+    super::ipc::clear_stale_socket(endpoint)?;
     let mut socket = RouterSocket::new();
     socket.bind(endpoint).await?;
     Ok(socket)

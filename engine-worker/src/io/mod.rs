@@ -4,6 +4,7 @@
 
 pub mod api;
 mod channels;
+pub mod ipc;
 mod status;
 pub mod step_loop;
 pub mod tp;

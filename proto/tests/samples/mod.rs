@@ -19,7 +19,11 @@ pub fn worker_hello() -> WorkerHello {
 }
 
 pub fn api_hello() -> ApiHello {
-    ApiHello { protocol_version: PROTOCOL_VERSION, api_server_id: "api-a".into(), epoch: 77 }
+    ApiHello {
+        protocol_version: PROTOCOL_VERSION,
+        api_server_id: "api-a".into(),
+        epoch: 77,
+    }
 }
 
 pub fn heartbeat() -> Heartbeat {
@@ -102,7 +106,12 @@ pub fn add_request() -> AddRequest {
     AddRequest {
         id: (0xABCDEF << 40) | 5,
         prompt_token_ids: vec![1, 9690, 198],
-        sampling: SamplingParams { temperature: 0.7, top_p: 0.9, top_k: 40, seed: Some(1234) },
+        sampling: SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 40,
+            seed: Some(1234),
+        },
         stop: StopConditions {
             stop_token_ids: vec![2],
             ignore_eos: false,
@@ -147,7 +156,10 @@ pub fn outputs() -> Vec<RequestOutput> {
             first_index: 20,
             tokens: vec![2],
             finish: Some(FinishReason::Stop),
-            usage: Some(Usage { prompt_tokens: 12, completion_tokens: 21 }),
+            usage: Some(Usage {
+                prompt_tokens: 12,
+                completion_tokens: 21,
+            }),
             speculate_metrics: Some(speculate_metrics()),
             error: None,
         },
@@ -156,7 +168,10 @@ pub fn outputs() -> Vec<RequestOutput> {
             first_index: 0,
             tokens: vec![],
             finish: Some(FinishReason::Error),
-            usage: Some(Usage { prompt_tokens: 5, completion_tokens: 0 }),
+            usage: Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 0,
+            }),
             speculate_metrics: None,
             error: Some(OutputError {
                 kind: OutputErrorKind::WorkerLost,
@@ -172,33 +187,63 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("api_to_worker_hello", enc(&ApiToWorker::Hello(api_hello()))),
         ("api_to_worker_add", enc(&ApiToWorker::Add(add_request()))),
-        ("api_to_worker_abort", enc(&ApiToWorker::Abort(Abort { id: 5 }))),
+        (
+            "api_to_worker_abort",
+            enc(&ApiToWorker::Abort(Abort { id: 5 })),
+        ),
         (
             "api_to_worker_heartbeat",
-            enc(&ApiToWorker::Heartbeat { api_server_id: "api-a".into(), epoch: 77 }),
+            enc(&ApiToWorker::Heartbeat {
+                api_server_id: "api-a".into(),
+                epoch: 77,
+            }),
         ),
-        ("worker_to_api_hello", enc(&WorkerToApi::Hello(worker_hello()))),
-        ("worker_to_api_heartbeat", enc(&WorkerToApi::Heartbeat(heartbeat()))),
+        (
+            "worker_to_api_hello",
+            enc(&WorkerToApi::Hello(worker_hello())),
+        ),
+        (
+            "worker_to_api_heartbeat",
+            enc(&WorkerToApi::Heartbeat(heartbeat())),
+        ),
         (
             "worker_to_api_rejected",
-            enc(&WorkerToApi::Rejected { id: 5, reason: RejectReason::Invalid("too long".into()) }),
+            enc(&WorkerToApi::Rejected {
+                id: 5,
+                reason: RejectReason::Invalid("too long".into()),
+            }),
         ),
-        ("worker_to_tp_hello", enc(&WorkerToTp::Hello(worker_hello()))),
+        (
+            "worker_to_tp_hello",
+            enc(&WorkerToTp::Hello(worker_hello())),
+        ),
         ("worker_to_tp_step", enc(&WorkerToTp::Step(step_batch()))),
-        ("worker_to_tp_heartbeat", enc(&WorkerToTp::Heartbeat(heartbeat()))),
+        (
+            "worker_to_tp_heartbeat",
+            enc(&WorkerToTp::Heartbeat(heartbeat())),
+        ),
         ("worker_to_tp_resync", enc(&WorkerToTp::Resync(resync()))),
         (
             "worker_to_tp_goodbye",
-            enc(&WorkerToTp::Goodbye { worker_id: "worker-0".into(), epoch: 3 }),
+            enc(&WorkerToTp::Goodbye {
+                worker_id: "worker-0".into(),
+                epoch: 3,
+            }),
         ),
         ("api_to_tp_hello", enc(&ApiToTp::Hello(api_hello()))),
         (
             "api_to_tp_heartbeat",
-            enc(&ApiToTp::Heartbeat { api_server_id: "api-a".into(), epoch: 77 }),
+            enc(&ApiToTp::Heartbeat {
+                api_server_id: "api-a".into(),
+                epoch: 77,
+            }),
         ),
         (
             "tp_to_api_hello",
-            enc(&TpToApi::Hello(TpHello { protocol_version: PROTOCOL_VERSION, epoch: 5 })),
+            enc(&TpToApi::Hello(TpHello {
+                protocol_version: PROTOCOL_VERSION,
+                epoch: 5,
+            })),
         ),
         ("tp_to_api_outputs", enc(&TpToApi::Outputs(outputs()))),
     ]
