@@ -16,7 +16,6 @@ use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
 use engine_worker::trace::TraceWriter;
-use engine_worker::EngineError;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LoadFormatArg {
@@ -341,7 +340,7 @@ fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> 
             )?))
         }
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda(ordinal) => Err(EngineError::BackendUnavailable {
+        Device::Cuda(ordinal) => Err(engine_worker::EngineError::BackendUnavailable {
             backend: format!("cuda:{ordinal}"),
             reason: "this engine-worker was built without the `cuda` feature".into(),
         }
