@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::openai::{complete, completion_body, stream, Streamed};
@@ -44,6 +46,49 @@ async fn reference(stack: &Stack, prompts: &[String], max_tokens: u32) -> Vec<Va
     out
 }
 
+/// In-flight streaming completions and how many of them have received their first chunk.
+struct Streams {
+    tasks: Vec<tokio::task::JoinHandle<Streamed>>,
+    started: Arc<AtomicUsize>,
+}
+
+impl Streams {
+    /// Starts one streaming greedy completion per prompt (`ignore_eos` keeps long ones going).
+    fn spawn(stack: &Stack, prompts: &[String], max_tokens: u32, ignore_eos: bool) -> Streams {
+        let started = Arc::new(AtomicUsize::new(0));
+        let tasks = prompts
+            .iter()
+            .map(|p| {
+                let mut body = completion_body(p, max_tokens, true);
+                body["ignore_eos"] = ignore_eos.into();
+                let (http, url, started) = (
+                    stack.client().clone(),
+                    stack.api("/v1/completions"),
+                    started.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut first = true;
+                    stream(&http, &url, &body, |_| {
+                        if std::mem::take(&mut first) {
+                            started.fetch_add(1, Ordering::SeqCst);
+                        }
+                        true
+                    })
+                    .await
+                })
+            })
+            .collect();
+        Streams { tasks, started }
+    }
+
+    async fn wait_started(&self, at_least: usize) {
+        wait_until(Duration::from_secs(60), "streams under way", || async {
+            self.started.load(Ordering::SeqCst) >= at_least
+        })
+        .await;
+    }
+}
+
 fn is_explicit_error(s: &Streamed) -> bool {
     s.error.is_some() || s.http_status == 503 || s.finish_reason.as_deref() == Some("error")
 }
@@ -61,30 +106,8 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
     );
     assert!(steps_before > 0.0);
 
-    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for p in &prompts {
-        let (http, url, body) = (
-            stack.client().clone(),
-            stack.api("/v1/completions"),
-            completion_body(p, max_tokens, true),
-        );
-        let started = started.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut first = true;
-            stream(&http, &url, &body, |_| {
-                if std::mem::take(&mut first) {
-                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                true
-            })
-            .await
-        }));
-    }
-    wait_until(Duration::from_secs(60), "streams under way", || async {
-        started.load(std::sync::atomic::Ordering::SeqCst) >= 8
-    })
-    .await;
+    let streams = Streams::spawn(&stack, &prompts, max_tokens, false);
+    streams.wait_started(8).await;
     stack.signal(Proc::TokenProcessor, "KILL");
     let killed_at = Instant::now();
     stack
@@ -95,7 +118,7 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
     let recovered = killed_at.elapsed();
 
     let (mut complete_ok, mut errors) = (0, 0);
-    for (i, t) in tasks.into_iter().enumerate() {
+    for (i, t) in streams.tasks.into_iter().enumerate() {
         let s = tokio::time::timeout(Duration::from_secs(120), t)
             .await
             .expect("a request hung after the token-processor restart")
@@ -139,35 +162,12 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
 async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     let _g = SERIAL.lock().await;
     let mut stack = Stack::start(StackConfig::default()).await;
-    let mut tasks = Vec::new();
-    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for p in prompts(8) {
-        let mut body = completion_body(&p, 1500, true);
-        body["ignore_eos"] = true.into();
-        let (http, url, started) = (
-            stack.client().clone(),
-            stack.api("/v1/completions"),
-            started.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut first = true;
-            stream(&http, &url, &body, |_| {
-                if std::mem::take(&mut first) {
-                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                true
-            })
-            .await
-        }));
-    }
-    wait_until(Duration::from_secs(60), "streams under way", || async {
-        started.load(std::sync::atomic::Ordering::SeqCst) >= 4
-    })
-    .await;
+    let streams = Streams::spawn(&stack, &prompts(8), 1500, true);
+    streams.wait_started(4).await;
     stack.signal(Proc::EngineWorker, "KILL");
     let killed_at = Instant::now();
     let mut detect = Duration::ZERO;
-    for t in tasks {
+    for t in streams.tasks {
         let s = tokio::time::timeout(Duration::from_secs(5), t)
             .await
             .expect("an in-flight request was not ended within 5 s of the worker's death")
@@ -212,15 +212,7 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     let _g = SERIAL.lock().await;
     let mut stack = Stack::start(StackConfig::default()).await;
     let running = "specula_requests_running";
-    let mut tasks = Vec::new();
-    for p in prompts(4) {
-        let mut body = completion_body(&p, 1500, true);
-        body["ignore_eos"] = true.into();
-        let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
-        tasks.push(tokio::spawn(async move {
-            stream(&http, &url, &body, |_| true).await
-        }));
-    }
+    let streams = Streams::spawn(&stack, &prompts(4), 1500, true);
     wait_until(Duration::from_secs(60), "4 requests running", || async {
         metric_sum(&stack.metrics_text().await, running) >= 4.0
     })
@@ -237,7 +229,7 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     )
     .await;
     let stopped = killed_at.elapsed();
-    for t in tasks {
+    for t in streams.tasks {
         let s = t.await.unwrap();
         assert!(
             !s.done,
@@ -311,15 +303,7 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
         let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
-    let mut tasks = Vec::new();
-    for p in prompts(8) {
-        let mut body = completion_body(&p, 600, true);
-        body["ignore_eos"] = true.into();
-        let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
-        tasks.push(tokio::spawn(async move {
-            stream(&http, &url, &body, |_| true).await
-        }));
-    }
+    let streams = Streams::spawn(&stack, &prompts(8), 600, true);
     wait_until(Duration::from_secs(60), "requests running", || async {
         metric_sum(&stack.metrics_text().await, "specula_requests_running") >= 8.0
     })
@@ -334,7 +318,7 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
     }
     stack.signal(Proc::TokenProcessor, "CONT");
     let (mut ok, mut failed) = (0, 0);
-    for t in tasks {
+    for t in streams.tasks {
         let s = tokio::time::timeout(Duration::from_secs(180), t)
             .await
             .expect("a request hung after SIGCONT")
