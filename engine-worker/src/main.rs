@@ -146,10 +146,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
     let heartbeat = Duration::from_millis(u64::from(args.heartbeat_interval_ms));
+    // The same name the loader gives the model (file name up to its first dot), so metric
+    // labels do not change when the not-ready hello is followed by the ready one.
     let model_label = args
         .model
-        .file_stem()
-        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.split('.').next())
+        .unwrap_or("model")
+        .to_owned();
     let proposer = if args.num_spec_tokens > 0 {
         "ngram"
     } else {
@@ -234,6 +239,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 max_waiting: engine.config().max_waiting,
             }));
             engine_status.set_ready(engine.backend().config().name.clone());
+            // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
+            engine_status.request_resync();
             let _ = loaded_tx.send(Ok(()));
             let watchdog = std::env::var_os("NOTIFY_SOCKET").is_some();
             run_step_loop(

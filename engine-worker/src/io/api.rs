@@ -66,6 +66,8 @@ pub async fn run_api_link(
     let mut peers: HashMap<String, ApiPeer> = HashMap::new();
     let mut heartbeat = tokio::time::interval(heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // api-servers that connected while the model loaded hold a not-ready hello: say it again.
+    let mut announced_ready = false;
     loop {
         tokio::select! {
             msg = frames_rx.recv() => {
@@ -106,7 +108,12 @@ pub async fn run_api_link(
                     tracing::warn!(api_server = %id, "api-server silent for 3 heartbeat intervals");
                     push_command(&commands, EngineCommand::AbortOwner(id)).await;
                 }
-                let beat = WorkerToApi::Heartbeat(status.heartbeat());
+                let beat = if !announced_ready && status.is_ready() {
+                    announced_ready = true;
+                    WorkerToApi::Hello(status.hello())
+                } else {
+                    WorkerToApi::Heartbeat(status.heartbeat())
+                };
                 for peer in peers.values() {
                     send(&mut socket, peer.routing_id.clone(), &beat).await;
                 }
