@@ -36,8 +36,14 @@ impl KvCache {
             .ok_or_else(|| {
                 EngineError::InvalidConfig(format!("KV cache of {num_blocks} blocks is too large"))
             })?;
-        // Zeroed allocations are mapped lazily by the OS; pages fill as blocks get used.
-        let layer = || vec![0f32; per_layer];
+        // Reserve the whole cache now, as vLLM does: zeroed allocations are mapped lazily, so
+        // without touching every page an oversized cache would fail mid-run instead of at start,
+        // and RSS would creep up as blocks are first used.
+        let layer = || {
+            let mut cache = vec![0f32; per_layer];
+            prefault(&mut cache);
+            cache
+        };
         Ok(Self {
             block_size,
             num_blocks,
@@ -70,5 +76,15 @@ impl KvCache {
             &self.keys[layer][at..at + len],
             &self.values[layer][at..at + len],
         )
+    }
+}
+
+/// Writes one element per page so the OS backs the whole allocation now. Volatile, because a
+/// plain write of the zero already there may be optimised away.
+fn prefault(cache: &mut [f32]) {
+    const FLOATS_PER_PAGE: usize = 4096 / std::mem::size_of::<f32>();
+    for i in (0..cache.len()).step_by(FLOATS_PER_PAGE) {
+        // SAFETY: `i < cache.len()`, so the pointer is valid, aligned and exclusively borrowed.
+        unsafe { std::ptr::write_volatile(cache.as_mut_ptr().add(i), 0.0) };
     }
 }
