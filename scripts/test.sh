@@ -20,6 +20,6 @@ export SPECULA_REQUIRE_TOOLS=1
 
 # Binaries the cross-process tests spawn, then every test of the workspace.
 cargo build --workspace --bins
-cargo test --workspace "$@"
+cargo test --workspace --no-fail-fast "$@"
 # The CUDA kernels compile with NVRTC (no GPU needed; fails if libnvrtc is missing).
 cargo test -p engine-worker --features cuda --test cuda_nvrtc nvrtc
