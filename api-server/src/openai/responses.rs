@@ -112,6 +112,16 @@ pub enum UsageField {
 }
 
 impl UsageField {
+    /// `usage` on the ordinary chunks of a stream: `null` when the client asked for a usage
+    /// chunk (`stream_options.include_usage`), absent otherwise.
+    pub fn for_stream_chunks(include_usage: bool) -> Self {
+        if include_usage {
+            Self::Null
+        } else {
+            Self::Omitted
+        }
+    }
+
     fn is_omitted(&self) -> bool {
         matches!(self, Self::Omitted)
     }

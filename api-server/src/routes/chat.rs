@@ -51,11 +51,7 @@ pub async fn handle(
     let model = state.served_model_name.to_string();
 
     if spec.stream {
-        let usage_field = if spec.include_usage {
-            UsageField::Null
-        } else {
-            UsageField::Omitted
-        };
+        let usage_field = UsageField::for_stream_chunks(spec.include_usage);
         let chunk = {
             let (id, model) = (id.clone(), model.clone());
             move |choices: Vec<ChatChunkChoice>, usage: UsageField| {

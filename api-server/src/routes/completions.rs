@@ -64,11 +64,7 @@ pub async fn handle(
     let model = state.served_model_name.to_string();
 
     if spec.stream {
-        let usage_field = if spec.include_usage {
-            UsageField::Null
-        } else {
-            UsageField::Omitted
-        };
+        let usage_field = UsageField::for_stream_chunks(spec.include_usage);
         let format = move |item: StreamItem<'_>| -> Bytes {
             let (choices, usage) = match item {
                 StreamItem::Update(ChoiceUpdate::Text { index, text }) => (
