@@ -5,6 +5,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proto::api_worker::ApiHello;
@@ -75,54 +76,79 @@ async fn send(socket: &mut impl SocketSend, msg: &impl serde::Serialize) {
         .unwrap();
 }
 
-/// The next `Outputs` message api-server `name` receives (skipping the TP's hellos), sending its
-/// heartbeat every 100 ms meanwhile as a real api-server does.
-async fn next_outputs(api: &mut DealerSocket, name: &str) -> Vec<RequestOutput> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "no outputs for {name} within 5 s"
-        );
+/// A fake api-server: a task owns its DEALER socket, heartbeats every 50 ms as a real
+/// api-server does (so the test's own pauses never make the token-processor forget it), and
+/// hands every `Outputs` message to the test.
+struct FakeApi {
+    name: &'static str,
+    outputs: tokio::sync::mpsc::Receiver<Vec<RequestOutput>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeApi {
+    /// Connects and waits for the token-processor's hello in answer to ours.
+    async fn connect(endpoint: &str, name: &'static str) -> FakeApi {
+        let mut api = DealerSocket::new();
+        api.connect(endpoint).await.unwrap();
         send(
-            api,
-            &ApiToTp::Heartbeat {
+            &mut api,
+            &ApiToTp::Hello(ApiHello {
+                protocol_version: proto::PROTOCOL_VERSION,
                 api_server_id: name.into(),
                 epoch: 1,
-            },
+            }),
         )
         .await;
-        let Ok(msg) = tokio::time::timeout(Duration::from_millis(100), api.recv()).await else {
-            continue;
-        };
-        match proto::decode::<TpToApi>(msg.unwrap().get(0).unwrap()).unwrap() {
-            TpToApi::Outputs(outputs) => return outputs,
-            TpToApi::Hello(_) => continue,
+        let msg = tokio::time::timeout(Duration::from_secs(5), api.recv())
+            .await
+            .expect("TP hello")
+            .unwrap();
+        assert!(matches!(
+            proto::decode::<TpToApi>(msg.get(0).unwrap()).unwrap(),
+            TpToApi::Hello(_)
+        ));
+        let (tx, outputs) = tokio::sync::mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let hb = ApiToTp::Heartbeat { api_server_id: name.into(), epoch: 1 };
+                        send(&mut api, &hb).await;
+                    }
+                    msg = api.recv() => {
+                        match proto::decode::<TpToApi>(msg.unwrap().get(0).unwrap()).unwrap() {
+                            TpToApi::Outputs(out) => {
+                                if tx.send(out).await.is_err() {
+                                    return;
+                                }
+                            }
+                            TpToApi::Hello(_) => {}
+                        }
+                    }
+                }
+            }
+        });
+        FakeApi {
+            name,
+            outputs,
+            task,
         }
+    }
+
+    /// The next `Outputs` message this api-server receives.
+    async fn next_outputs(&mut self) -> Vec<RequestOutput> {
+        tokio::time::timeout(Duration::from_secs(5), self.outputs.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no outputs for {} within 5 s", self.name))
+            .expect("fake api-server task ended")
     }
 }
 
-async fn fake_api_server(endpoint: &str, name: &str) -> DealerSocket {
-    let mut api = DealerSocket::new();
-    api.connect(endpoint).await.unwrap();
-    send(
-        &mut api,
-        &ApiToTp::Hello(ApiHello {
-            protocol_version: proto::PROTOCOL_VERSION,
-            api_server_id: name.into(),
-            epoch: 1,
-        }),
-    )
-    .await;
-    let msg = tokio::time::timeout(Duration::from_secs(5), api.recv())
-        .await
-        .expect("TP hello")
-        .unwrap();
-    assert!(matches!(
-        proto::decode::<TpToApi>(msg.get(0).unwrap()).unwrap(),
-        TpToApi::Hello(_)
-    ));
-    api
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// One row: id, tokens, drafted, accepted, prefill, finish.
@@ -150,6 +176,83 @@ fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
         });
     }
     WorkerToTp::Step(b)
+}
+
+/// A fake engine-worker: its PUSH socket and next sequence number, shared with a task that
+/// heartbeats as a live worker does until [`FakeWorker::fall_silent`]. Without it, any pause of
+/// the test itself longer than three intervals (a cold `promtool` start on a loaded CI machine)
+/// would look like a dead worker and fail the next step.
+struct FakeWorker {
+    link: Arc<tokio::sync::Mutex<(PushSocket, u64)>>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl FakeWorker {
+    /// Connects, says hello and resyncs (no requests), then starts heartbeating.
+    async fn connect(endpoint: &str) -> FakeWorker {
+        let mut socket = PushSocket::new();
+        socket.connect(endpoint).await.unwrap();
+        let hello = WorkerHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            worker_id: WORKER.into(),
+            epoch: 1,
+            model: "smol".into(),
+            num_spec_tokens: 4,
+            proposer: "ngram".into(),
+            ready: true,
+            heartbeat_interval_ms: HEARTBEAT_MS,
+        };
+        send(&mut socket, &WorkerToTp::Hello(hello)).await;
+        let resync = Resync {
+            worker_id: WORKER.into(),
+            epoch: 1,
+            next_seq: 0,
+            requests: vec![],
+        };
+        send(&mut socket, &WorkerToTp::Resync(resync)).await;
+        let link = Arc::new(tokio::sync::Mutex::new((socket, 0u64)));
+        let beating = link.clone();
+        let heartbeats = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64 / 2));
+            loop {
+                tick.tick().await;
+                let mut guard = beating.lock().await;
+                let (socket, next_seq) = &mut *guard;
+                let hb = Heartbeat {
+                    worker_id: WORKER.into(),
+                    epoch: 1,
+                    next_seq: *next_seq,
+                    running: 0,
+                    waiting: 0,
+                    accepting: true,
+                };
+                send(socket, &WorkerToTp::Heartbeat(hb)).await;
+            }
+        });
+        FakeWorker { link, heartbeats }
+    }
+
+    /// Pushes the next step batch; the sequence number and the send are one atomic step, so a
+    /// heartbeat never announces a sequence number whose batch is not on the wire yet.
+    async fn step(&self, rows: &[Row<'_>], starts: &[(u64, &str)]) {
+        let mut guard = self.link.lock().await;
+        let (socket, next_seq) = &mut *guard;
+        send(socket, &batch(*next_seq, rows, starts)).await;
+        *next_seq += 1;
+    }
+
+    /// Stops heartbeating, as a hung or killed worker does.
+    async fn fall_silent(&self) {
+        self.heartbeats.abort();
+        // Take the lock once so a heartbeat in progress has finished before we return.
+        let _ = self.link.lock().await;
+    }
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+    }
 }
 
 fn metric(text: &str, series: &str) -> f64 {
@@ -201,60 +304,30 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         "counters exported at 0 from startup:\n{text}"
     );
 
-    let mut api_a = fake_api_server(&api_endpoint, "api-a").await;
-    let mut api_b = fake_api_server(&api_endpoint, "api-b").await;
+    let mut api_a = FakeApi::connect(&api_endpoint, "api-a").await;
+    let mut api_b = FakeApi::connect(&api_endpoint, "api-b").await;
 
-    let mut worker = PushSocket::new();
-    worker.connect(&ingest).await.unwrap();
-    let hello = WorkerHello {
-        protocol_version: proto::PROTOCOL_VERSION,
-        worker_id: WORKER.into(),
-        epoch: 1,
-        model: "smol".into(),
-        num_spec_tokens: 4,
-        proposer: "ngram".into(),
-        ready: true,
-        heartbeat_interval_ms: HEARTBEAT_MS,
-    };
-    send(&mut worker, &WorkerToTp::Hello(hello)).await;
-    send(
-        &mut worker,
-        &WorkerToTp::Resync(Resync {
-            worker_id: WORKER.into(),
-            epoch: 1,
-            next_seq: 0,
-            requests: vec![],
-        }),
-    )
-    .await;
+    let worker = FakeWorker::connect(&ingest).await;
     wait_health(http_port, 200, Duration::from_secs(5)).await;
 
     // Request 1 (api-a) and 2 (api-b): prefill, two verification steps, finish.
-    send(
-        &mut worker,
-        &batch(
-            0,
+    worker
+        .step(
             &[(1, &[10], 0, 0, true, None), (2, &[20], 0, 0, true, None)],
             &[(1, "api-a"), (2, "api-b")],
-        ),
-    )
-    .await;
-    send(
-        &mut worker,
-        &batch(
-            1,
+        )
+        .await;
+    worker
+        .step(
             &[
                 (1, &[11, 12, 13], 4, 2, false, None),
                 (2, &[21], 3, 0, false, None),
             ],
             &[],
-        ),
-    )
-    .await;
-    send(
-        &mut worker,
-        &batch(
-            2,
+        )
+        .await;
+    worker
+        .step(
             &[
                 (
                     1,
@@ -267,23 +340,22 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
                 (2, &[22, 23], 4, 1, false, Some(FinishReason::Length)),
             ],
             &[],
-        ),
-    )
-    .await;
+        )
+        .await;
 
     let mut got_a = Vec::new();
     while got_a
         .last()
         .is_none_or(|o: &RequestOutput| o.finish.is_none())
     {
-        got_a.extend(next_outputs(&mut api_a, "api-a").await);
+        got_a.extend(api_a.next_outputs().await);
     }
     let mut got_b = Vec::new();
     while got_b
         .last()
         .is_none_or(|o: &RequestOutput| o.finish.is_none())
     {
-        got_b.extend(next_outputs(&mut api_b, "api-b").await);
+        got_b.extend(api_b.next_outputs().await);
     }
     assert!(
         got_a.iter().all(|o| o.id == 1),
@@ -386,23 +458,13 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     promtool_check(&text);
 
     // A third request, then the worker falls silent: it fails as WorkerLost, health goes 503.
-    send(
-        &mut worker,
-        &batch(3, &[(3, &[30], 0, 0, true, None)], &[(3, "api-a")]),
-    )
-    .await;
-    let first = next_outputs(&mut api_a, "api-a").await;
+    worker
+        .step(&[(3, &[30], 0, 0, true, None)], &[(3, "api-a")])
+        .await;
+    let first = api_a.next_outputs().await;
     assert_eq!(first[0].id, 3);
-    let hb = Heartbeat {
-        worker_id: WORKER.into(),
-        epoch: 1,
-        next_seq: 4,
-        running: 1,
-        waiting: 0,
-        accepting: true,
-    };
-    send(&mut worker, &WorkerToTp::Heartbeat(hb)).await;
-    let lost = next_outputs(&mut api_a, "api-a").await;
+    worker.fall_silent().await;
+    let lost = api_a.next_outputs().await;
     assert_eq!(lost[0].id, 3);
     assert_eq!(lost[0].finish, Some(FinishReason::Error));
     assert_eq!(
