@@ -11,6 +11,7 @@
 
 pub mod api_worker;
 pub mod codec;
+pub mod columns;
 mod error;
 pub mod metrics;
 pub mod tp_api;
@@ -23,7 +24,7 @@ pub use metrics::SpeculateMetrics;
 pub use types::{FinishReason, RequestId};
 
 /// Version of the wire protocol; bump on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Fails with [`ProtoError::VersionMismatch`] unless the peer speaks [`PROTOCOL_VERSION`].
 pub fn check_version(peer: &str, peer_version: u32) -> Result<(), ProtoError> {

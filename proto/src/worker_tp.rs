@@ -49,16 +49,20 @@ pub struct RequestStart {
 }
 
 /// One engine step, column-oriented: row `i` is one request's outcome in that step. The flat
-/// layout (one token array plus offsets) decodes far faster than an array of structs.
+/// layout (one token array plus offsets) decodes far faster than an array of structs, and the
+/// integer columns travel as little-endian `bin`s ([`crate::columns`]), faster still.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct StepBatch {
     pub worker_id: String,
     pub epoch: u64,
     /// Per (worker, epoch), starting at 0 with no holes.
     pub seq: u64,
+    #[serde(with = "crate::columns")]
     pub ids: Vec<RequestId>,
     /// `ids.len() + 1` entries; row `i`'s tokens are `tokens[token_offsets[i]..token_offsets[i+1]]`.
+    #[serde(with = "crate::columns")]
     pub token_offsets: Vec<u32>,
+    #[serde(with = "crate::columns")]
     pub tokens: Vec<u32>,
     #[serde(with = "serde_bytes")]
     pub drafted: Vec<u8>,

@@ -1,5 +1,5 @@
 //! The tracker's cost per step batch, in process: `Ingest::handle` on a decoded batch, and
-//! decode + handle on the wire frame (what the live ingest does per frame). Synthetic batches
+//! decode + handle on the wire frame (what the live ingest does per frame), and decode alone. Synthetic batches
 //! with 64/256/512 rows and K = 4 and 8 (`token_processor::synth`).
 
 use std::time::Instant;
@@ -70,6 +70,14 @@ fn bench_tracker(c: &mut Criterion) {
                         ingest.handle(msg, now, Instant::now(), &mut out);
                         out
                     },
+                    BatchSize::SmallInput,
+                )
+            });
+            let (_, mut synth) = setup(rows, k);
+            group.bench_function(BenchmarkId::new(format!("decode/k{k}"), rows), |b| {
+                b.iter_batched(
+                    || proto::encode(&WorkerToTp::Step(synth.next_batch())).unwrap(),
+                    |frame| proto::decode::<WorkerToTp>(&frame).unwrap(),
                     BatchSize::SmallInput,
                 )
             });

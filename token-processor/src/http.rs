@@ -25,12 +25,14 @@ pub fn router(prometheus: PrometheusHandle, health: Arc<IngestHealth>) -> Router
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let mut text = state.prometheus.render();
+    crate::binned::render(&mut text);
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.prometheus.render(),
+        text,
     )
 }
 

@@ -7,10 +7,12 @@
 //! - [`ingest`]: the worker-facing state machine (epochs, sequence gaps, resync, heartbeats) and
 //!   its PULL-socket loop.
 //! - [`forward`]: the api-server-facing ROUTER.
-//! - [`metrics`], [`http`]: Prometheus and `/health`.
+//! - [`metrics`], [`binned`], [`http`]: Prometheus (histograms observed per row are binned per
+//!   batch) and `/health`.
 //! - [`replay`]: acceptance traces through the same state machine, for `token-processor replay`.
 //! - [`synth`]: synthetic step batches for the benchmarks.
 
+pub mod binned;
 pub mod error;
 pub mod forward;
 pub mod http;

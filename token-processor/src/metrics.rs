@@ -7,6 +7,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::binned::{self, BinnedHistogram};
 use crate::error::TpError;
 use crate::tracker::Observations;
 
@@ -89,17 +90,26 @@ const ALL_COUNTERS: &[&str] = &[
     OUTPUTS_DROPPED,
 ];
 
-/// Installs the global Prometheus recorder. `max_spec_tokens` sets the accepted-drafts-per-step
+/// Installs the global Prometheus recorder and the binned histograms ([`binned`]: the two
+/// histograms observed once per batch row). `max_spec_tokens` sets the accepted-drafts-per-step
 /// buckets `le="0".."K"` (one bucket set per metric name, so the largest K expected).
 pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
     let per_step: Vec<f64> = (0..=max_spec_tokens).map(f64::from).collect();
+    let mut per_row = binned::Registry::default();
+    per_row.declare(
+        SPEC_ACCEPTED_PER_STEP,
+        "Accepted draft tokens per verification step.",
+        &per_step,
+    );
+    per_row.declare(
+        ITL,
+        "Time between consecutive token deliveries of a request, in seconds.",
+        ITL_BUCKETS,
+    );
+    binned::install(per_row);
     let err = |e: metrics_exporter_prometheus::BuildError| TpError::Metrics(e.to_string());
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(SPEC_ACCEPTED_PER_STEP.into()), &per_step)
-        .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
-        .map_err(err)?
-        .set_buckets_for_metric(Matcher::Full(ITL.into()), ITL_BUCKETS)
         .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(E2E.into()), E2E_BUCKETS)
         .map_err(err)?
@@ -147,11 +157,6 @@ fn describe_all() {
         Unit::Count,
         "Tokens produced by verification steps, sum of a+1 (bonus included)."
     );
-    describe_histogram!(
-        SPEC_ACCEPTED_PER_STEP,
-        Unit::Count,
-        "Accepted draft tokens per verification step."
-    );
     for (name, reason) in FINISHED.iter().zip(["stop", "length", "abort", "error"]) {
         describe_counter!(
             *name,
@@ -173,11 +178,6 @@ fn describe_all() {
         TTFT,
         Unit::Seconds,
         "Time from arrival at the api-server to the first output token."
-    );
-    describe_histogram!(
-        ITL,
-        Unit::Seconds,
-        "Time between consecutive token deliveries of a request."
     );
     describe_histogram!(
         E2E,
@@ -261,12 +261,12 @@ pub struct WorkerMetrics {
     accepted_tokens: Counter,
     accepted_per_pos: Vec<Counter>,
     emitted_tokens: Counter,
-    accepted_per_step: Histogram,
+    accepted_per_step: BinnedHistogram,
     finished: [Counter; 4],
     prompt_tokens: Counter,
     generation_tokens: Counter,
     ttft: Histogram,
-    itl: Histogram,
+    itl: BinnedHistogram,
     e2e: Histogram,
     pub running: Gauge,
     pub batch_processing: Histogram,
@@ -304,12 +304,12 @@ impl WorkerMetrics {
             accepted_tokens: c(SPEC_NUM_ACCEPTED_TOKENS),
             accepted_per_pos,
             emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
-            accepted_per_step: histogram!(SPEC_ACCEPTED_PER_STEP, &labels),
+            accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, model, worker),
             finished: FINISHED.map(c),
             prompt_tokens: c(PROMPT_TOKENS),
             generation_tokens: c(GENERATION_TOKENS),
             ttft: histogram!(TTFT, &labels),
-            itl: histogram!(ITL, &labels),
+            itl: binned::histogram(ITL, model, worker),
             e2e: histogram!(E2E, &labels),
             running,
             batch_processing: histogram!(BATCH_PROCESSING, &labels),
@@ -335,11 +335,9 @@ impl WorkerMetrics {
             for (handle, n) in self.accepted_per_pos.iter().zip(f.accepted_per_position()) {
                 handle.increment(n);
             }
-            for (j, &n) in f.accept_length_histogram().iter().enumerate() {
-                if n > 0 {
-                    self.accepted_per_step.record_many(j as f64, n as usize);
-                }
-            }
+            let per_step = f.accept_length_histogram().iter().enumerate();
+            self.accepted_per_step
+                .observe(per_step.map(|(j, &n)| (j as f64, n)));
         }
         for (handle, &n) in self.finished.iter().zip(&obs.finished) {
             if n > 0 {
@@ -351,8 +349,8 @@ impl WorkerMetrics {
         for &s in &obs.ttft_s {
             self.ttft.record(s);
         }
-        for &s in &obs.itl_s {
-            self.itl.record(s);
+        if !obs.itl_s.is_empty() {
+            self.itl.observe(obs.itl_s.iter().map(|&s| (s, 1)));
         }
         for &s in &obs.e2e_s {
             self.e2e.record(s);

@@ -348,7 +348,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
                 finals.insert(
                     output.id,
                     ReplayRequest {
-                        metrics: output.speculate_metrics.clone(),
+                        metrics: output.speculate_metrics.as_deref().cloned(),
                         finish_reason: Some(reason),
                     },
                 );

@@ -147,7 +147,7 @@ impl Registry {
             (reason, _) => EngineEvent::Finished(Finished {
                 reason,
                 usage: out.usage,
-                speculate_metrics: out.speculate_metrics,
+                speculate_metrics: out.speculate_metrics.map(|m| *m),
             }),
         };
         let _ = entry.tx.try_send(event);

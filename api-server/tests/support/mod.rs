@@ -294,7 +294,7 @@ async fn generate(
     out: mpsc::Sender<RequestOutput>,
     num_spec_tokens: u32,
 ) {
-    let metrics = |n: u64| (num_spec_tokens > 0).then(|| fake_metrics(n));
+    let metrics = |n: u64| (num_spec_tokens > 0).then(|| Box::new(fake_metrics(n)));
     let usage = |n: usize| {
         Some(Usage {
             prompt_tokens: add.prompt_token_ids.len() as u32,

@@ -160,7 +160,7 @@ pub fn outputs() -> Vec<RequestOutput> {
                 prompt_tokens: 12,
                 completion_tokens: 21,
             }),
-            speculate_metrics: Some(speculate_metrics()),
+            speculate_metrics: Some(Box::new(speculate_metrics())),
             error: None,
         },
         RequestOutput {

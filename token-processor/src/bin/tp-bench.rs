@@ -6,6 +6,11 @@
 //! `--dump-dir` writes each configuration's batches as JSON Lines for
 //! `scripts/bench/fd_reference.py`, so both sides process the same batches.
 
+/// mimalloc: a 512-row batch allocates ~500 small token vectors that the forwarder frees on
+/// another thread; measured in docs/benchmarks.md (token-processor, allocator).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -52,6 +57,11 @@ struct Args {
     dump_batches: usize,
     #[arg(long, env = "TP_BENCH_SEED", default_value_t = 42)]
     seed: u64,
+    /// Push at this many batches per second instead of as fast as the socket takes them (an
+    /// engine steps tens to hundreds of times a second): the TP's p50/p99 are then its own
+    /// processing time, not time shared with the sender on the same cores. 0 floods.
+    #[arg(long, env = "TP_BENCH_RATE", default_value_t = 0)]
+    rate: u32,
     /// Run without the fake api-server (outputs are dropped at the forwarder as "owner not
     /// connected"), to separate forwarding from tracking.
     #[arg(long, env = "TP_BENCH_NO_API_SERVER")]
@@ -257,8 +267,12 @@ async fn main() -> anyhow::Result<()> {
     worker.connect(&ingest_ep).await?;
     let tp_pid = tp.child.id();
     println!(
-        "# token-processor pid {tp_pid}, RSS at start {} KiB",
-        rss_kib(tp_pid)
+        "# token-processor pid {tp_pid}, RSS at start {} KiB; pushing {}",
+        rss_kib(tp_pid),
+        match args.rate {
+            0 => "as fast as the socket takes them".to_owned(),
+            r => format!("{r} batches/s"),
+        }
     );
     println!(
         "| rows | K | batches | batches/s | request-steps/s | TP p50 ≤ | TP p99 ≤ | in-process p50 | in-process p99 | outputs dropped |"
@@ -322,7 +336,12 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             let start = Instant::now();
-            for frame in &frames {
+            let start_at = tokio::time::Instant::now();
+            for (i, frame) in frames.iter().enumerate() {
+                if args.rate > 0 {
+                    let due = Duration::from_secs_f64(i as f64 / f64::from(args.rate));
+                    tokio::time::sleep_until(start_at + due).await;
+                }
                 worker.send(ZmqMessage::from(frame.clone())).await?;
             }
             wait_processed(tp.http_port, &worker_id, n).await?;

@@ -71,7 +71,7 @@ impl RequestState {
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.delivered,
         });
-        output.speculate_metrics = speculating.then(|| self.figures.speculate_metrics());
+        output.speculate_metrics = speculating.then(|| Box::new(self.figures.speculate_metrics()));
         output.error = error.map(|(kind, message)| OutputError { kind, message });
     }
 }
