@@ -13,6 +13,7 @@ use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ingest::OutputsByOwner;
 use crate::metrics;
+use crate::tracker::OutputsMessage;
 
 /// Longest wait for one api-server's send queue.
 pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
@@ -113,7 +114,7 @@ pub async fn run(
                         tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
                         continue;
                     };
-                    let frame = match proto::encode(&TpToApi::Outputs(list)) {
+                    let frame = match proto::encode(&OutputsMessage(&list)) {
                         Ok(frame) => frame,
                         Err(e) => {
                             metrics::outputs_dropped(n);
@@ -176,7 +177,7 @@ fn coalesce(batch: &mut OutputsByOwner, queued: &mut mpsc::Receiver<OutputsByOwn
         for (owner, list) in more {
             total += list.len();
             match batch.iter_mut().find(|(o, _)| *o == owner) {
-                Some((_, existing)) => existing.extend(list),
+                Some((_, existing)) => existing.append(list),
                 None => batch.push((owner, list)),
             }
         }
@@ -207,9 +208,11 @@ mod tests {
     use proto::tp_api::RequestOutput;
 
     use super::*;
+    use crate::tracker::OwnerOutputs;
 
-    fn out(id: u64, first_index: u32) -> RequestOutput {
-        RequestOutput {
+    fn out(id: u64, first_index: u32) -> OwnerOutputs {
+        let mut list = OwnerOutputs::default();
+        list.push(RequestOutput {
             id,
             first_index,
             tokens: vec![1],
@@ -217,24 +220,26 @@ mod tests {
             usage: None,
             speculate_metrics: None,
             error: None,
-        }
+        });
+        list
     }
 
     #[test]
     fn queued_batches_merge_per_owner_in_order() {
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         let (tx, mut rx) = mpsc::channel(8);
-        tx.try_send(vec![
-            (a.clone(), vec![out(1, 1)]),
-            (b.clone(), vec![out(2, 0)]),
-        ])
-        .unwrap();
-        tx.try_send(vec![(Arc::from("a"), vec![out(1, 2)])])
+        tx.try_send(vec![(a.clone(), out(1, 1)), (b.clone(), out(2, 0))])
             .unwrap();
-        let mut batch = vec![(a.clone(), vec![out(1, 0)])];
+        tx.try_send(vec![(Arc::from("a"), out(1, 2))]).unwrap();
+        let mut batch = vec![(a.clone(), out(1, 0))];
         coalesce(&mut batch, &mut rx);
         assert_eq!(batch.len(), 2);
-        let firsts: Vec<u32> = batch[0].1.iter().map(|o| o.first_index).collect();
+        let firsts: Vec<u32> = batch[0]
+            .1
+            .to_outputs()
+            .iter()
+            .map(|o| o.first_index)
+            .collect();
         assert_eq!((&*batch[0].0, firsts), ("a", vec![0, 1, 2]));
         assert_eq!(&*batch[1].0, "b");
         assert!(rx.try_recv().is_err());

@@ -404,7 +404,7 @@ fn each_owner_gets_only_its_own_requests() {
     let ids = |owner: &str| {
         let lists: Vec<_> = by_owner.iter().filter(|(o, _)| &**o == owner).collect();
         assert_eq!(lists.len(), 1, "one message per owner");
-        let mut v: Vec<RequestId> = lists[0].1.iter().map(|o| o.id).collect();
+        let mut v: Vec<RequestId> = lists[0].1.to_outputs().iter().map(|o| o.id).collect();
         v.sort();
         v
     };

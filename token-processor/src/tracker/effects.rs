@@ -4,26 +4,190 @@
 
 use std::sync::Arc;
 
-use proto::tp_api::RequestOutput;
-use proto::FinishReason;
+use proto::tp_api::{OutputError, RequestOutput, Usage};
+use proto::{FinishReason, RequestId, SpeculateMetrics};
+use serde::ser::{SerializeSeq, SerializeStruct};
+use serde::{Serialize, Serializer};
 
 use super::Figures;
 
 /// Outputs grouped by owning api-server: one list (one message) per owner.
-pub type OutputsByOwner = Vec<(Arc<str>, Vec<RequestOutput>)>;
+pub type OutputsByOwner = Vec<(Arc<str>, OwnerOutputs)>;
+
+/// The outputs for one api-server, flat: one token array and one small row per output, so a
+/// 512-row batch costs two growing vectors instead of 512 token allocations that another thread
+/// frees. Encodes exactly as `TpToApi::Outputs(Vec<RequestOutput>)` ([`OutputsMessage`]).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OwnerOutputs {
+    rows: Vec<OutRow>,
+    tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct OutRow {
+    id: RequestId,
+    first_index: u32,
+    /// `tokens[start..end]` of the owner's array.
+    start: u32,
+    end: u32,
+    /// Finish, usage, figures, error: only on a request's last output.
+    tail: Option<Box<OutputTail>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct OutputTail {
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+    speculate_metrics: Option<Box<SpeculateMetrics>>,
+    error: Option<OutputError>,
+}
+
+impl OwnerOutputs {
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            rows: Vec::with_capacity(rows),
+            tokens: Vec::with_capacity(rows * 2),
+        }
+    }
+
+    /// Number of outputs.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// An output that only carries tokens (the common case, no allocation of its own).
+    pub fn push_tokens(&mut self, id: RequestId, first_index: u32, tokens: &[u32]) {
+        let start = self.tokens.len() as u32;
+        self.tokens.extend_from_slice(tokens);
+        self.rows.push(OutRow {
+            id,
+            first_index,
+            start,
+            end: self.tokens.len() as u32,
+            tail: None,
+        });
+    }
+
+    pub fn push(&mut self, output: RequestOutput) {
+        let RequestOutput {
+            id,
+            first_index,
+            tokens,
+            finish,
+            usage,
+            speculate_metrics,
+            error,
+        } = output;
+        self.push_tokens(id, first_index, &tokens);
+        if finish.is_some() || usage.is_some() || speculate_metrics.is_some() || error.is_some() {
+            let row = self.rows.last_mut().expect("just pushed");
+            row.tail = Some(Box::new(OutputTail {
+                finish,
+                usage,
+                speculate_metrics,
+                error,
+            }));
+        }
+    }
+
+    /// Appends `other`'s outputs after these, in order.
+    pub fn append(&mut self, other: OwnerOutputs) {
+        let shift = self.tokens.len() as u32;
+        self.tokens.extend_from_slice(&other.tokens);
+        self.rows.extend(other.rows.into_iter().map(|mut row| {
+            row.start += shift;
+            row.end += shift;
+            row
+        }));
+    }
+
+    /// The outputs as the wire type (tests, replay).
+    pub fn to_outputs(&self) -> Vec<RequestOutput> {
+        self.rows
+            .iter()
+            .map(|row| {
+                let tokens = self.tokens[row.start as usize..row.end as usize].to_vec();
+                let tail = row.tail.as_deref();
+                RequestOutput {
+                    id: row.id,
+                    first_index: row.first_index,
+                    tokens,
+                    finish: tail.and_then(|t| t.finish),
+                    usage: tail.and_then(|t| t.usage.clone()),
+                    speculate_metrics: tail.and_then(|t| t.speculate_metrics.clone()),
+                    error: tail.and_then(|t| t.error.clone()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `TpToApi::Outputs` for one owner, serialized straight from [`OwnerOutputs`]: the same bytes
+/// as encoding the materialized `TpToApi::Outputs(Vec<RequestOutput>)` (tested below), without
+/// building it.
+pub struct OutputsMessage<'a>(pub &'a OwnerOutputs);
+
+impl Serialize for OutputsMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_newtype_variant("TpToApi", 1, "Outputs", &Rows(self.0))
+    }
+}
+
+struct Rows<'a>(&'a OwnerOutputs);
+
+impl Serialize for Rows<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let outputs = self.0;
+        let mut seq = serializer.serialize_seq(Some(outputs.rows.len()))?;
+        for row in &outputs.rows {
+            seq.serialize_element(&Row {
+                row,
+                tokens: &outputs.tokens[row.start as usize..row.end as usize],
+            })?;
+        }
+        seq.end()
+    }
+}
+
+struct Row<'a> {
+    row: &'a OutRow,
+    tokens: &'a [u32],
+}
+
+impl Serialize for Row<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let tail = self.row.tail.as_deref();
+        let mut st = serializer.serialize_struct("RequestOutput", 7)?;
+        st.serialize_field("id", &self.row.id)?;
+        st.serialize_field("first_index", &self.row.first_index)?;
+        st.serialize_field("tokens", self.tokens)?;
+        st.serialize_field("finish", &tail.and_then(|t| t.finish))?;
+        st.serialize_field("usage", &tail.and_then(|t| t.usage.as_ref()))?;
+        st.serialize_field(
+            "speculate_metrics",
+            &tail.and_then(|t| t.speculate_metrics.as_deref()),
+        )?;
+        st.serialize_field("error", &tail.and_then(|t| t.error.as_ref()))?;
+        st.end()
+    }
+}
 
 /// Outputs of one or more batches, grouped by owning api-server. Owners are few (one per
 /// api-server) and interned by the tracker, so a pointer comparison usually finds the group.
 #[derive(Debug, Default)]
 pub struct Outbox {
     by_owner: OutputsByOwner,
-    /// Capacity a new owner's list starts with (the batch's row count), so a batch's outputs
-    /// are not copied by repeated growth.
+    /// Row capacity a new owner's list starts with (the batch's row count), so a batch's
+    /// outputs are not copied by repeated growth.
     capacity_hint: usize,
 }
 
 impl Outbox {
-    pub fn push(&mut self, owner: &Arc<str>, output: RequestOutput) {
+    fn list(&mut self, owner: &Arc<str>) -> &mut OwnerOutputs {
         let found = match self
             .by_owner
             .iter()
@@ -32,14 +196,30 @@ impl Outbox {
             Some(i) => Some(i),
             None => self.by_owner.iter().position(|(o, _)| o == owner),
         };
-        match found {
-            Some(i) => self.by_owner[i].1.push(output),
+        let i = match found {
+            Some(i) => i,
             None => {
-                let mut list = Vec::with_capacity(self.capacity_hint.max(1));
-                list.push(output);
+                let list = OwnerOutputs::with_capacity(self.capacity_hint.max(1));
                 self.by_owner.push((owner.clone(), list));
+                self.by_owner.len() - 1
             }
-        }
+        };
+        &mut self.by_owner[i].1
+    }
+
+    pub fn push(&mut self, owner: &Arc<str>, output: RequestOutput) {
+        self.list(owner).push(output);
+    }
+
+    /// A tokens-only output (no finish), without materializing a [`RequestOutput`].
+    pub fn push_tokens(
+        &mut self,
+        owner: &Arc<str>,
+        id: RequestId,
+        first_index: u32,
+        tokens: &[u32],
+    ) {
+        self.list(owner).push_tokens(id, first_index, tokens);
     }
 
     /// Expect about `n` more outputs per owner.
@@ -63,9 +243,11 @@ impl Outbox {
 
     /// Every output, owner dropped (tests and replay).
     pub fn drain_outputs(&mut self) -> impl Iterator<Item = (Arc<str>, RequestOutput)> {
-        self.take()
-            .into_iter()
-            .flat_map(|(owner, list)| list.into_iter().map(move |o| (owner.clone(), o)))
+        self.take().into_iter().flat_map(|(owner, list)| {
+            list.to_outputs()
+                .into_iter()
+                .map(move |o| (owner.clone(), o))
+        })
     }
 }
 
@@ -121,5 +303,75 @@ impl Observations {
         self.e2e_s.clear();
         self.unknown_rows = 0;
         self.refused_at_cap = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::tp_api::{OutputErrorKind, TpToApi};
+
+    use super::*;
+    use crate::synth::SplitMix64;
+
+    /// A seeded mix of outputs: tokens only, empty, final with and without figures or error.
+    fn random_output(rng: &mut SplitMix64, id: RequestId) -> RequestOutput {
+        let n = (rng.next_u64() % 12) as usize;
+        let tokens = (0..n).map(|_| rng.next_u64() as u32).collect();
+        let mut output = RequestOutput {
+            id,
+            first_index: rng.next_u64() as u32,
+            tokens,
+            finish: None,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+        };
+        match rng.next_u64() % 4 {
+            0 => {
+                let mut figures = Figures::new(4);
+                figures.record(4, (rng.next_u64() % 5) as u8);
+                output.finish = Some(FinishReason::Stop);
+                output.usage = Some(Usage {
+                    prompt_tokens: 7,
+                    completion_tokens: n as u32,
+                });
+                output.speculate_metrics = Some(Box::new(figures.speculate_metrics()));
+            }
+            1 => {
+                output.finish = Some(FinishReason::Error);
+                output.error = Some(OutputError {
+                    kind: OutputErrorKind::WorkerLost,
+                    message: "gone".into(),
+                });
+            }
+            _ => {}
+        }
+        output
+    }
+
+    #[test]
+    fn flat_outputs_encode_exactly_as_the_wire_type() {
+        let mut rng = SplitMix64::new(7);
+        for case in 0..200u64 {
+            let outputs: Vec<RequestOutput> =
+                (0..case % 40).map(|i| random_output(&mut rng, i)).collect();
+            // Built in two halves and appended, as the forwarder coalesces queued batches.
+            let split = outputs.len() / 2;
+            let mut flat = OwnerOutputs::default();
+            let mut rest = OwnerOutputs::default();
+            for (i, o) in outputs.iter().enumerate() {
+                let list = if i < split { &mut flat } else { &mut rest };
+                if o.finish.is_none() && i % 2 == 0 {
+                    list.push_tokens(o.id, o.first_index, &o.tokens);
+                } else {
+                    list.push(o.clone());
+                }
+            }
+            flat.append(rest);
+            assert_eq!(flat.len(), outputs.len());
+            assert_eq!(flat.to_outputs(), outputs);
+            let expected = proto::encode(&TpToApi::Outputs(outputs)).unwrap();
+            assert_eq!(proto::encode(&OutputsMessage(&flat)).unwrap(), expected);
+        }
     }
 }

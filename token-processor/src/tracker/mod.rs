@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-pub use effects::{Observations, Outbox, OutputsByOwner};
+pub use effects::{Observations, Outbox, OutputsByOwner, OutputsMessage, OwnerOutputs};
 pub use figures::Figures;
 pub use request::RequestState;
 
@@ -201,8 +201,8 @@ impl Tracker {
             match row.finish {
                 None => {
                     if has_tokens {
-                        let output = state.tokens_output(row.id, row.tokens.to_vec());
-                        out.push(&state.owner, output);
+                        let first_index = state.deliver(row.tokens.len());
+                        out.push_tokens(&state.owner, row.id, first_index, row.tokens);
                     }
                 }
                 Some(reason) => {

@@ -43,10 +43,16 @@ impl RequestState {
         Some((now.unix_ms - self.arrival_unix_ms) as f64 / 1e3)
     }
 
+    /// Counts `n` tokens as delivered; returns the index of the first of them.
+    pub fn deliver(&mut self, n: usize) -> u32 {
+        let first_index = self.delivered;
+        self.delivered = self.delivered.saturating_add(n as u32);
+        first_index
+    }
+
     /// An output carrying `tokens`, the next in the request's stream.
     pub fn tokens_output(&mut self, id: RequestId, tokens: Vec<u32>) -> RequestOutput {
-        let first_index = self.delivered;
-        self.delivered = self.delivered.saturating_add(tokens.len() as u32);
+        let first_index = self.deliver(tokens.len());
         RequestOutput {
             id,
             first_index,
