@@ -13,7 +13,7 @@ use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ingest::OutputsByOwner;
 use crate::metrics;
-use crate::tracker::OutputsMessage;
+use crate::tracker::encode_outputs_message;
 
 /// Longest wait for one api-server's send queue.
 pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
@@ -114,7 +114,7 @@ pub async fn run(
                         tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
                         continue;
                     };
-                    let frame = match proto::encode(&OutputsMessage(&list)) {
+                    let frame = match encode_outputs_message(&list) {
                         Ok(frame) => frame,
                         Err(e) => {
                             metrics::outputs_dropped(n);

@@ -77,7 +77,8 @@ struct ServeArgs {
     /// them are forgotten.
     #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
     heartbeat_interval_ms: u64,
-    /// Batches of outputs queued for the forwarder before new ones are dropped (counted).
+    /// Batches of outputs queued for the forwarder; while it is full, ingest holds further
+    /// outputs back (merged per owner, at most 65,536) and drops them, counted, beyond that.
     #[arg(long, env = "SPECULA_TP_FORWARD_QUEUE", default_value_t = 256)]
     forward_queue: usize,
     /// Longest wait, on SIGTERM, for queued outputs to be sent.

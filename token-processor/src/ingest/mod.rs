@@ -125,14 +125,98 @@ pub async fn run(
             }
         }
         health.beat(ingest.live_workers());
-        if !out.is_empty() {
-            let n = out.len();
-            if forward.try_send(out.take()).is_err() {
-                // The forwarder is behind: never stall ingest for it.
-                metrics::outputs_dropped(n);
-                tracing::warn!(outputs = n, "forward queue full; dropping outputs");
-            }
+        let dropped = hand_off(&mut out, &forward, MAX_HELD_OUTPUTS);
+        if dropped > 0 {
+            metrics::outputs_dropped(dropped);
+            tracing::warn!(
+                outputs = dropped,
+                held_max = MAX_HELD_OUTPUTS,
+                "forwarder far behind; dropping held outputs"
+            );
         }
     }
+    // Outputs still held go out before the forwarder is told to stop (bounded by the caller's
+    // shutdown wait).
+    if !out.is_empty() {
+        let _ = forward.send(out.take()).await;
+    }
     ingest
+}
+
+/// Most outputs ingest holds back while the forwarder's queue is full. Held outputs ride with
+/// later batches (one message per owner), so a forwarder that loses the CPU for a few
+/// milliseconds delays outputs instead of losing them; past this bound they are dropped.
+pub const MAX_HELD_OUTPUTS: usize = 65_536;
+
+/// Hands the outbox to the forwarder without ever waiting. When its queue is full the outputs
+/// stay in `out`, where later batches append to the same per-owner lists (order holds), until
+/// more than `max_held` are held: then they are dropped. Returns how many were dropped.
+fn hand_off(out: &mut Outbox, forward: &mpsc::Sender<OutputsByOwner>, max_held: usize) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    match forward.try_send(out.take()) {
+        Ok(()) => 0,
+        Err(mpsc::error::TrySendError::Full(back)) => {
+            out.restore(back);
+            let held = out.len();
+            if held > max_held {
+                drop(out.take());
+                held
+            } else {
+                0
+            }
+        }
+        Err(mpsc::error::TrySendError::Closed(back)) => {
+            back.iter().map(|(_, list)| list.len()).sum()
+        }
+    }
+}
+
+#[cfg(test)]
+mod hand_off_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn tokens_of(batch: &OutputsByOwner) -> Vec<u32> {
+        batch
+            .iter()
+            .flat_map(|(_, list)| list.to_outputs())
+            .flat_map(|o| o.tokens)
+            .collect()
+    }
+
+    #[test]
+    fn a_full_queue_holds_outputs_in_order_then_drops_past_the_bound() {
+        let owner: Arc<str> = Arc::from("api-a");
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut out = Outbox::default();
+        out.push_tokens(&owner, 1, 0, &[10]);
+        assert_eq!(hand_off(&mut out, &tx, 3), 0);
+        assert!(out.is_empty(), "sent");
+        // Queue full: held, and later outputs join the same list.
+        out.push_tokens(&owner, 1, 1, &[11]);
+        assert_eq!(hand_off(&mut out, &tx, 3), 0);
+        out.push_tokens(&owner, 1, 2, &[12]);
+        assert_eq!(hand_off(&mut out, &tx, 3), 0);
+        assert_eq!(out.len(), 2);
+        assert_eq!(tokens_of(&rx.try_recv().unwrap()), vec![10]);
+        out.push_tokens(&owner, 1, 3, &[13]);
+        assert_eq!(hand_off(&mut out, &tx, 3), 0);
+        let merged = rx.try_recv().unwrap();
+        assert_eq!(merged.len(), 1, "one list per owner");
+        assert_eq!(tokens_of(&merged), vec![11, 12, 13]);
+        // Past the bound the held outputs are dropped and counted.
+        tx.try_send(Vec::new()).unwrap();
+        for i in 0..4 {
+            out.push_tokens(&owner, 2, i, &[20 + i]);
+        }
+        assert_eq!(hand_off(&mut out, &tx, 3), 4);
+        assert!(out.is_empty());
+        // A closed queue counts everything it was handed as dropped.
+        drop(rx);
+        out.push_tokens(&owner, 3, 0, &[30, 31]);
+        assert_eq!(hand_off(&mut out, &tx, 3), 1);
+    }
 }

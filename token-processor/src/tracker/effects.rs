@@ -6,8 +6,6 @@ use std::sync::Arc;
 
 use proto::tp_api::{OutputError, RequestOutput, Usage};
 use proto::{FinishReason, RequestId, SpeculateMetrics};
-use serde::ser::{SerializeSeq, SerializeStruct};
-use serde::{Serialize, Serializer};
 
 use super::Figures;
 
@@ -126,53 +124,75 @@ impl OwnerOutputs {
     }
 }
 
-/// `TpToApi::Outputs` for one owner, serialized straight from [`OwnerOutputs`]: the same bytes
-/// as encoding the materialized `TpToApi::Outputs(Vec<RequestOutput>)` (tested below), without
-/// building it.
-pub struct OutputsMessage<'a>(pub &'a OwnerOutputs);
-
-impl Serialize for OutputsMessage<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_newtype_variant("TpToApi", 1, "Outputs", &Rows(self.0))
-    }
-}
-
-struct Rows<'a>(&'a OwnerOutputs);
-
-impl Serialize for Rows<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let outputs = self.0;
-        let mut seq = serializer.serialize_seq(Some(outputs.rows.len()))?;
-        for row in &outputs.rows {
-            seq.serialize_element(&Row {
-                row,
-                tokens: &outputs.tokens[row.start as usize..row.end as usize],
-            })?;
+/// `TpToApi::Outputs` for one owner, written straight from [`OwnerOutputs`]: the same bytes as
+/// `proto::encode(&TpToApi::Outputs(outputs))` (tested below), without materializing the
+/// outputs or going through serde per token; the forwarder's share of a 64-row batch halves.
+pub fn encode_outputs_message(outputs: &OwnerOutputs) -> Result<Vec<u8>, proto::ProtoError> {
+    let mut buf = Vec::with_capacity(16 + outputs.rows.len() * 16 + outputs.tokens.len() * 5);
+    // {"Outputs": [row, ...]}: rmp-serde's newtype variant, a one-entry map keyed by name.
+    buf.push(0x81);
+    buf.push(0xa0 | 7);
+    buf.extend_from_slice(b"Outputs");
+    write_array_len(&mut buf, outputs.rows.len());
+    for row in &outputs.rows {
+        // RequestOutput as a 7-element array (structs travel as arrays).
+        buf.push(0x97);
+        write_uint(&mut buf, row.id);
+        write_uint(&mut buf, u64::from(row.first_index));
+        let tokens = &outputs.tokens[row.start as usize..row.end as usize];
+        write_array_len(&mut buf, tokens.len());
+        for &t in tokens {
+            write_uint(&mut buf, u64::from(t));
         }
-        seq.end()
+        match row.tail.as_deref() {
+            // finish, usage, speculate_metrics, error: all None.
+            None => buf.extend_from_slice(&[0xc0; 4]),
+            Some(tail) => {
+                buf.extend(proto::encode(&tail.finish)?);
+                buf.extend(proto::encode(&tail.usage)?);
+                buf.extend(proto::encode(&tail.speculate_metrics)?);
+                buf.extend(proto::encode(&tail.error)?);
+            }
+        }
+    }
+    if buf.len() > proto::MAX_FRAME_BYTES {
+        return Err(proto::ProtoError::FrameTooLarge {
+            len: buf.len(),
+            cap: proto::MAX_FRAME_BYTES,
+        });
+    }
+    Ok(buf)
+}
+
+/// MessagePack's smallest unsigned encoding (what rmp-serde writes for every unsigned integer).
+#[inline]
+fn write_uint(buf: &mut Vec<u8>, v: u64) {
+    if v < 128 {
+        buf.push(v as u8);
+    } else if v <= u64::from(u8::MAX) {
+        buf.extend_from_slice(&[0xcc, v as u8]);
+    } else if v <= u64::from(u16::MAX) {
+        buf.push(0xcd);
+        buf.extend_from_slice(&(v as u16).to_be_bytes());
+    } else if v <= u64::from(u32::MAX) {
+        buf.push(0xce);
+        buf.extend_from_slice(&(v as u32).to_be_bytes());
+    } else {
+        buf.push(0xcf);
+        buf.extend_from_slice(&v.to_be_bytes());
     }
 }
 
-struct Row<'a> {
-    row: &'a OutRow,
-    tokens: &'a [u32],
-}
-
-impl Serialize for Row<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let tail = self.row.tail.as_deref();
-        let mut st = serializer.serialize_struct("RequestOutput", 7)?;
-        st.serialize_field("id", &self.row.id)?;
-        st.serialize_field("first_index", &self.row.first_index)?;
-        st.serialize_field("tokens", self.tokens)?;
-        st.serialize_field("finish", &tail.and_then(|t| t.finish))?;
-        st.serialize_field("usage", &tail.and_then(|t| t.usage.as_ref()))?;
-        st.serialize_field(
-            "speculate_metrics",
-            &tail.and_then(|t| t.speculate_metrics.as_deref()),
-        )?;
-        st.serialize_field("error", &tail.and_then(|t| t.error.as_ref()))?;
-        st.end()
+#[inline]
+fn write_array_len(buf: &mut Vec<u8>, n: usize) {
+    if n < 16 {
+        buf.push(0x90 | n as u8);
+    } else if n <= usize::from(u16::MAX) {
+        buf.push(0xdc);
+        buf.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        buf.push(0xdd);
+        buf.extend_from_slice(&(n as u32).to_be_bytes());
     }
 }
 
@@ -239,6 +259,18 @@ impl Outbox {
     /// Takes everything, leaving the outbox empty.
     pub fn take(&mut self) -> OutputsByOwner {
         std::mem::take(&mut self.by_owner)
+    }
+
+    /// Puts back what [`take`](Self::take) returned (the forwarder's queue was full), ahead of
+    /// anything pushed since.
+    pub fn restore(&mut self, mut by_owner: OutputsByOwner) {
+        for (owner, list) in std::mem::take(&mut self.by_owner) {
+            match by_owner.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, held)) => held.append(list),
+                None => by_owner.push((owner, list)),
+            }
+        }
+        self.by_owner = by_owner;
     }
 
     /// Every output, owner dropped (tests and replay).
@@ -316,10 +348,15 @@ mod tests {
     /// A seeded mix of outputs: tokens only, empty, final with and without figures or error.
     fn random_output(rng: &mut SplitMix64, id: RequestId) -> RequestOutput {
         let n = (rng.next_u64() % 12) as usize;
-        let tokens = (0..n).map(|_| rng.next_u64() as u32).collect();
+        // Every MessagePack integer width: fixint, u8, u16, u32 (and u64 ids).
+        let width = |rng: &mut SplitMix64| {
+            let v = rng.next_u64();
+            v >> [64 - 7, 64 - 8, 64 - 16, 64 - 32, 0][(v % 5) as usize]
+        };
+        let tokens = (0..n).map(|_| width(rng) as u32).collect();
         let mut output = RequestOutput {
-            id,
-            first_index: rng.next_u64() as u32,
+            id: id.wrapping_mul(width(rng)),
+            first_index: width(rng) as u32,
             tokens,
             finish: None,
             usage: None,
@@ -371,7 +408,7 @@ mod tests {
             assert_eq!(flat.len(), outputs.len());
             assert_eq!(flat.to_outputs(), outputs);
             let expected = proto::encode(&TpToApi::Outputs(outputs)).unwrap();
-            assert_eq!(proto::encode(&OutputsMessage(&flat)).unwrap(), expected);
+            assert_eq!(encode_outputs_message(&flat).unwrap(), expected);
         }
     }
 }

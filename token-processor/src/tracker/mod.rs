@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-pub use effects::{Observations, Outbox, OutputsByOwner, OutputsMessage, OwnerOutputs};
+pub use effects::{encode_outputs_message, Observations, Outbox, OutputsByOwner, OwnerOutputs};
 pub use figures::Figures;
 pub use request::RequestState;
 
