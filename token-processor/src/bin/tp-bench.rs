@@ -50,6 +50,10 @@ struct Args {
     /// Finished requests for the RSS run (0 skips it).
     #[arg(long, env = "TP_BENCH_RSS_REQUESTS", default_value_t = 1_000_000)]
     rss_requests: u64,
+    /// Batches per second in the RSS run: still ~10x an engine's step rate, but slow enough
+    /// that RSS shows the tracker's state rather than a forwarding backlog.
+    #[arg(long, env = "TP_BENCH_RSS_RATE", default_value_t = 2_000)]
+    rss_rate: u32,
     /// Write each configuration's first `dump_batches` batches as JSON Lines here.
     #[arg(long, env = "TP_BENCH_DUMP_DIR")]
     dump_dir: Option<PathBuf>,
@@ -395,12 +399,16 @@ async fn main() -> anyhow::Result<()> {
         let mut next_sample = args.rss_requests / 10;
         let mut samples = Vec::new();
         let start = Instant::now();
+        let start_at = tokio::time::Instant::now();
         while gen.finished() < args.rss_requests {
             let frame = proto::encode(&WorkerToTp::Step(gen.next_batch()))?;
+            if args.rss_rate > 0 {
+                let due = Duration::from_secs_f64(sent as f64 / f64::from(args.rss_rate));
+                tokio::time::sleep_until(start_at + due).await;
+            }
             worker.send(ZmqMessage::from(frame)).await?;
             sent += 1;
-            // Paced (at most ~256 batches in flight) so queues stay short and RSS shows the
-            // tracker's state, not a backlog.
+            // And at most ~256 batches in flight, so queues stay short.
             if sent.is_multiple_of(256) {
                 wait_processed(tp.http_port, worker_id, sent - 256).await?;
             }
@@ -414,9 +422,10 @@ async fn main() -> anyhow::Result<()> {
         samples.push((gen.finished(), rss_kib(tp_pid)));
         println!();
         println!(
-            "# RSS over {} finished requests ({sent} batches of {rows} rows, K={k}, {:.1} s):",
+            "# RSS over {} finished requests ({sent} batches of {rows} rows, K={k}, {:.1} s, {} batches/s):",
             gen.finished(),
-            start.elapsed().as_secs_f64()
+            start.elapsed().as_secs_f64(),
+            args.rss_rate
         );
         println!("| finished requests | TP RSS (KiB) |");
         println!("|---:|---:|");
