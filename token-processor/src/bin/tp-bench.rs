@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use proto::api_worker::ApiHello;
 use proto::tp_api::ApiToTp;
-use proto::worker_tp::{Resync, WorkerHello, WorkerToTp};
+use proto::worker_tp::{Heartbeat, Resync, WorkerHello, WorkerToTp};
 use token_processor::ingest::{Ingest, IngestConfig};
 use token_processor::synth::{Synth, SynthConfig};
 use token_processor::tracker::{Clock, Outbox};
@@ -180,19 +180,42 @@ async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until the TP has processed `batches` step batches of `worker`.
-async fn wait_processed(port: u16, worker: &str, batches: usize) -> anyhow::Result<String> {
+/// Waits until the TP has processed `batches` step batches of `worker`, heartbeating every
+/// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent). The heartbeat also
+/// carries any last message zeromq-rs left queued: once in ~20 flood runs the final batch of a
+/// configuration sat unsent (or unread) with both kernel socket queues empty until the next
+/// message on the connection; a real worker's heartbeats bound that delay by their interval.
+async fn wait_processed(
+    port: u16,
+    worker: &mut PushSocket,
+    worker_id: &str,
+    sent: usize,
+    batches: usize,
+) -> anyhow::Result<String> {
     let series = format!(
-        "specula_step_batch_processing_seconds_count{{model=\"bench\",worker=\"{worker}\"}}"
+        "specula_step_batch_processing_seconds_count{{model=\"bench\",worker=\"{worker_id}\"}}"
     );
     let deadline = Instant::now() + Duration::from_secs(300);
+    let mut next_heartbeat = Instant::now() + Duration::from_millis(100);
     loop {
         let text = http_get(port, "/metrics").await?;
         if sample(&text, &series).unwrap_or(0.0) as usize >= batches {
             return Ok(text);
         }
         if Instant::now() > deadline {
-            bail!("token-processor did not process {batches} batches of {worker} in time");
+            bail!("token-processor did not process {batches} batches of {worker_id} in time");
+        }
+        if Instant::now() >= next_heartbeat {
+            let hb = WorkerToTp::Heartbeat(Heartbeat {
+                worker_id: worker_id.into(),
+                epoch: 1,
+                next_seq: sent as u64,
+                running: 0,
+                waiting: 0,
+                accepting: true,
+            });
+            push(worker, &hb).await?;
+            next_heartbeat = Instant::now() + Duration::from_millis(100);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -348,7 +371,7 @@ async fn main() -> anyhow::Result<()> {
                 }
                 worker.send(ZmqMessage::from(frame.clone())).await?;
             }
-            wait_processed(tp.http_port, &worker_id, n).await?;
+            wait_processed(tp.http_port, &mut worker, &worker_id, n, n).await?;
             let elapsed = start.elapsed().as_secs_f64();
             // Let the forwarder finish, so its drops are this configuration's.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -410,15 +433,15 @@ async fn main() -> anyhow::Result<()> {
             sent += 1;
             // And at most ~256 batches in flight, so queues stay short.
             if sent.is_multiple_of(256) {
-                wait_processed(tp.http_port, worker_id, sent - 256).await?;
+                wait_processed(tp.http_port, &mut worker, worker_id, sent, sent - 256).await?;
             }
             if gen.finished() >= next_sample {
-                wait_processed(tp.http_port, worker_id, sent).await?;
+                wait_processed(tp.http_port, &mut worker, worker_id, sent, sent).await?;
                 samples.push((gen.finished(), rss_kib(tp_pid)));
                 next_sample += args.rss_requests / 10;
             }
         }
-        wait_processed(tp.http_port, worker_id, sent).await?;
+        wait_processed(tp.http_port, &mut worker, worker_id, sent, sent).await?;
         samples.push((gen.finished(), rss_kib(tp_pid)));
         println!();
         println!(
