@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use proto::tp_api::TpToApi;
 use proto::worker_tp::{Resync, WorkerHello, WorkerToTp};
 use token_processor::ingest::{Ingest, IngestConfig};
 use token_processor::synth::{Synth, SynthConfig};
@@ -107,5 +108,39 @@ fn bench_tracker(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_tracker);
+/// The forwarder's encoding of one owner's outputs of a 512-row K=8 batch: the direct writer it
+/// uses, and rmp-serde on the materialized `TpToApi::Outputs` it replaced (same bytes).
+fn bench_encode_outputs(c: &mut Criterion) {
+    let (mut ingest, mut synth) = setup(512, 8);
+    let mut out = Outbox::default();
+    for tick in 1..=50u64 {
+        let now = Clock {
+            mono_ns: tick * 1_000_000,
+            unix_ms: tick,
+        };
+        out = Outbox::default();
+        ingest.handle(
+            WorkerToTp::Step(synth.next_batch()),
+            now,
+            Instant::now(),
+            &mut out,
+        );
+    }
+    let (_, list) = out.take().pop().expect("outputs for the bench api-server");
+    let materialized = list.to_outputs();
+    let mut group = c.benchmark_group("encode_outputs_512");
+    group.bench_function("direct", |b| {
+        b.iter(|| token_processor::tracker::encode_outputs_message(&list).unwrap())
+    });
+    group.bench_function("rmp_serde", |b| {
+        b.iter_batched(
+            || materialized.clone(),
+            |outputs| proto::encode(&TpToApi::Outputs(outputs)).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_tracker, bench_encode_outputs);
 criterion_main!(benches);

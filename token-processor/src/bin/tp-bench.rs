@@ -181,10 +181,9 @@ async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
 }
 
 /// Waits until the TP has processed `batches` step batches of `worker`, heartbeating every
-/// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent). The heartbeat also
-/// carries any last message zeromq-rs left queued: once in ~20 flood runs the final batch of a
-/// configuration sat unsent (or unread) with both kernel socket queues empty until the next
-/// message on the connection; a real worker's heartbeats bound that delay by their interval.
+/// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent), and says so on
+/// stderr when that takes over a second: about once per ~100 flooded configurations zeromq-rs's
+/// PUSH writer stops writing (docs/benchmarks.md, "A zeromq-rs stall").
 async fn wait_processed(
     port: u16,
     worker: &mut PushSocket,
@@ -197,6 +196,7 @@ async fn wait_processed(
     );
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut next_heartbeat = Instant::now() + Duration::from_millis(100);
+    let (waited_since, mut reported) = (Instant::now(), false);
     loop {
         let text = http_get(port, "/metrics").await?;
         if sample(&text, &series).unwrap_or(0.0) as usize >= batches {
@@ -206,6 +206,12 @@ async fn wait_processed(
             bail!("token-processor did not process {batches} batches of {worker_id} in time");
         }
         if Instant::now() >= next_heartbeat {
+            if Instant::now() > waited_since + Duration::from_secs(1) && !reported {
+                reported = true;
+                eprintln!(
+                    "# {worker_id}: still waiting for {batches} batches after 1 s; heartbeating"
+                );
+            }
             let hb = WorkerToTp::Heartbeat(Heartbeat {
                 worker_id: worker_id.into(),
                 epoch: 1,
@@ -463,6 +469,12 @@ async fn main() -> anyhow::Result<()> {
         drained.load(std::sync::atomic::Ordering::Relaxed),
         sample(&text, "specula_outputs_dropped_total").unwrap_or(0.0)
     );
+    let gaps: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("specula_step_batch_gaps_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!("# step-batch gaps the TP detected: {gaps}");
     drop(tp);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
