@@ -102,23 +102,10 @@ fn main() {
     // A 64-token prompt; each of 8 streams owns 64 blocks (1024 positions).
     let prompt: Vec<u32> = (0..64u32).map(|i| 1 + (i * 7919) % 40_000).collect();
     let tables: Vec<Vec<u32>> = (0..8u32).map(|s| (s * 64..s * 64 + 64).collect()).collect();
-    fn seq<'a>(
-        tokens: &'a [u32],
-        start_pos: usize,
-        table: &'a [u32],
-        logits: LogitsFor,
-    ) -> SeqForward<'a> {
-        SeqForward {
-            tokens,
-            start_pos,
-            block_table: table,
-            logits,
-        }
-    }
 
     let phase = Phase::start();
     let mut logits = backend
-        .forward(&[seq(&prompt, 0, &tables[0], LogitsFor::Last)])
+        .forward(&[SeqForward::new(&prompt, 0, &tables[0], LogitsFor::Last)])
         .unwrap();
     phase.report("prefill, 64-token prompt", prompt.len());
 
@@ -127,7 +114,7 @@ fn main() {
     for _ in 0..steps {
         let next = [argmax(&logits)];
         logits = backend
-            .forward(&[seq(&next, pos, &tables[0], LogitsFor::Last)])
+            .forward(&[SeqForward::new(&next, pos, &tables[0], LogitsFor::Last)])
             .unwrap();
         pos += 1;
     }
@@ -138,7 +125,7 @@ fn main() {
 
     for table in &tables[1..] {
         backend
-            .forward(&[seq(&prompt, 0, table, LogitsFor::Last)])
+            .forward(&[SeqForward::new(&prompt, 0, table, LogitsFor::Last)])
             .unwrap();
     }
     let mut next = [argmax(&logits); 8];
@@ -149,7 +136,7 @@ fn main() {
     for _ in 0..batch_steps {
         let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let seqs: Vec<SeqForward<'_>> = (0..8)
-            .map(|s| seq(&toks[s], positions[s], &tables[s], LogitsFor::Last))
+            .map(|s| SeqForward::new(&toks[s], positions[s], &tables[s], LogitsFor::Last))
             .collect();
         let out = backend.forward(&seqs).unwrap();
         for s in 0..8 {
@@ -165,7 +152,7 @@ fn main() {
     let phase = Phase::start();
     for _ in 0..verify_steps {
         backend
-            .forward(&[seq(&chunk, p, &tables[0], LogitsFor::All)])
+            .forward(&[SeqForward::new(&chunk, p, &tables[0], LogitsFor::All)])
             .unwrap();
         p += 5;
     }

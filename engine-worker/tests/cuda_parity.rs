@@ -42,20 +42,6 @@ fn random_tokens(rng: &mut ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.gen_range(0..vocab as u32)).collect()
 }
 
-fn seq<'a>(
-    tokens: &'a [u32],
-    start_pos: usize,
-    table: &'a [u32],
-    logits: LogitsFor,
-) -> SeqForward<'a> {
-    SeqForward {
-        tokens,
-        start_pos,
-        block_table: table,
-        logits,
-    }
-}
-
 /// Two steps on scattered block tables: (1) prefill A (13 tokens, last row), B (7, last row),
 /// C (20, every row); (2) decode A, verify 1 + 4 drafts of B (every row), prefill the next 9
 /// tokens of C (last row). Returns each step's `[rows, vocab]` logits as rows, and the rows the
@@ -74,16 +60,16 @@ fn mixed_batch<B: Backend>(
     let (ta, tb, tc) = ([5u32, 9], [3u32, 40, 12], [7u32, 1, 22, 30]);
     let step1 = backend
         .forward(&[
-            seq(&a[..13], 0, &ta, LogitsFor::Last),
-            seq(&b[..7], 0, &tb, LogitsFor::Last),
-            seq(&c[..20], 0, &tc, LogitsFor::All),
+            SeqForward::new(&a[..13], 0, &ta, LogitsFor::Last),
+            SeqForward::new(&b[..7], 0, &tb, LogitsFor::Last),
+            SeqForward::new(&c[..20], 0, &tc, LogitsFor::All),
         ])
         .unwrap();
     let step2 = backend
         .forward(&[
-            seq(&a[13..14], 13, &ta, LogitsFor::Last),
-            seq(&b[7..12], 7, &tb, LogitsFor::All),
-            seq(&c[20..29], 20, &tc, LogitsFor::Last),
+            SeqForward::new(&a[13..14], 13, &ta, LogitsFor::Last),
+            SeqForward::new(&b[7..12], 7, &tb, LogitsFor::All),
+            SeqForward::new(&c[20..29], 20, &tc, LogitsFor::Last),
         ])
         .unwrap();
     let (ref_a, ref_b, ref_c) = (
@@ -342,7 +328,7 @@ fn verify_setup(ordinal: usize) -> (CudaBackend, CudaBackend, Vec<Vec<u32>>, Vec
     let prefill: Vec<SeqForward<'_>> = prompts
         .iter()
         .zip(&tables)
-        .map(|(p, t)| seq(p, 0, t, LogitsFor::Last))
+        .map(|(p, t)| SeqForward::new(p, 0, t, LogitsFor::Last))
         .collect();
     let last = host_side.forward(&prefill).unwrap();
     device_side.forward(&prefill).unwrap();
@@ -385,7 +371,7 @@ fn cuda_greedy_verify_on_device_matches_host_decisions() {
         .iter()
         .zip(&tables)
         .zip(prompt_lens)
-        .map(|((c, t), len)| seq(c, len - 1, t, LogitsFor::All))
+        .map(|((c, t), len)| SeqForward::new(c, len - 1, t, LogitsFor::All))
         .collect();
     let logits = host_side.forward(&batch).unwrap();
     let outcomes = device_side.verify(&batch, None).unwrap();
@@ -423,7 +409,7 @@ fn cuda_sampled_verify_on_device_matches_host_decisions() {
         .iter()
         .zip(&tables)
         .zip(prompt_lens)
-        .map(|((c, t), len)| seq(c, len - 1, t, LogitsFor::All))
+        .map(|((c, t), len)| SeqForward::new(c, len - 1, t, LogitsFor::All))
         .collect();
     let temperature = 0.7f32;
     let mut rng = ChaCha8Rng::seed_from_u64(17);
@@ -579,7 +565,7 @@ fn cuda_device_generated_dummy_weights_decode() {
         let table: Vec<u32> = (0..8).collect();
         let mut tokens = vec![1u32, 2, 3, 4, 5];
         let logits = gpu
-            .forward(&[seq(&tokens, 0, &table, LogitsFor::Last)])
+            .forward(&[SeqForward::new(&tokens, 0, &table, LogitsFor::Last)])
             .unwrap();
         assert!(logits.iter().all(|v| v.is_finite()));
         let (lo, hi) = logits
@@ -590,7 +576,10 @@ fn cuda_device_generated_dummy_weights_decode() {
             let pos = tokens.len() - 1;
             let step = [*tokens.last().unwrap()];
             let out = gpu
-                .verify(&[seq(&step, pos, &table, LogitsFor::Last)], None)
+                .verify(
+                    &[SeqForward::new(&step, pos, &table, LogitsFor::Last)],
+                    None,
+                )
                 .unwrap();
             assert_eq!(
                 (out[0].drafted, out[0].accepted, out[0].tokens.len()),

@@ -138,12 +138,8 @@ fn smollm2_matches_the_golden_logits_and_greedy_tokens() {
 }
 
 fn seq<'a>(tokens: &'a [u32], start_pos: usize, table: &'a [u32], all: bool) -> SeqForward<'a> {
-    SeqForward {
-        tokens,
-        start_pos,
-        block_table: table,
-        logits: if all { LogitsFor::All } else { LogitsFor::Last },
-    }
+    let logits = if all { LogitsFor::All } else { LogitsFor::Last };
+    SeqForward::new(tokens, start_pos, table, logits)
 }
 
 #[test]

@@ -30,7 +30,21 @@ pub struct SeqForward<'a> {
     pub logits: LogitsFor,
 }
 
-impl SeqForward<'_> {
+impl<'a> SeqForward<'a> {
+    pub fn new(
+        tokens: &'a [u32],
+        start_pos: usize,
+        block_table: &'a [u32],
+        logits: LogitsFor,
+    ) -> Self {
+        Self {
+            tokens,
+            start_pos,
+            block_table,
+            logits,
+        }
+    }
+
     pub fn logit_rows(&self) -> usize {
         match self.logits {
             LogitsFor::Last => 1,

@@ -175,6 +175,18 @@ fn synth(worker_id: &str, rows: usize, k: u8, min_len: u32, max_len: u32, seed: 
     })
 }
 
+/// What a worker says on connecting: hello, then an empty resync (sequence starts at 0).
+async fn introduce(worker: &mut PushSocket, worker_id: &str, k: u8) -> anyhow::Result<()> {
+    push(worker, &hello(worker_id, k)).await?;
+    let resync = Resync {
+        worker_id: worker_id.into(),
+        epoch: 1,
+        next_seq: 0,
+        requests: vec![],
+    };
+    push(worker, &WorkerToTp::Resync(resync)).await
+}
+
 async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
     worker.send(ZmqMessage::from(proto::encode(msg)?)).await?;
     Ok(())
@@ -357,17 +369,7 @@ async fn main() -> anyhow::Result<()> {
             times.sort_by(f64::total_cmp);
 
             // Over ipc to the running token-processor.
-            push(&mut worker, &hello(&worker_id, k)).await?;
-            push(
-                &mut worker,
-                &WorkerToTp::Resync(Resync {
-                    worker_id: worker_id.clone(),
-                    epoch: 1,
-                    next_seq: 0,
-                    requests: vec![],
-                }),
-            )
-            .await?;
+            introduce(&mut worker, &worker_id, k).await?;
             let start = Instant::now();
             let start_at = tokio::time::Instant::now();
             for (i, frame) in frames.iter().enumerate() {
@@ -412,17 +414,7 @@ async fn main() -> anyhow::Result<()> {
     if args.rss_requests > 0 {
         let worker_id = "bench-rss";
         let (rows, k) = (512, 8);
-        push(&mut worker, &hello(worker_id, k)).await?;
-        push(
-            &mut worker,
-            &WorkerToTp::Resync(Resync {
-                worker_id: worker_id.into(),
-                epoch: 1,
-                next_seq: 0,
-                requests: vec![],
-            }),
-        )
-        .await?;
+        introduce(&mut worker, worker_id, k).await?;
         let mut gen = synth(worker_id, rows, k, 8, 64, args.seed + 1);
         let mut sent = 0usize;
         let mut next_sample = args.rss_requests / 10;

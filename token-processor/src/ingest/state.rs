@@ -257,11 +257,17 @@ impl Ingest {
         }
     }
 
-    /// The live entry of (worker, epoch), or None (counted as stale) for another epoch.
-    fn current(&mut self, worker_id: &str, epoch: u64) -> Option<&mut WorkerEntry> {
-        let entry = self.workers.get_mut(worker_id)?;
+    /// The live entry of (worker, epoch), or None (counted as stale) for another epoch. Takes the
+    /// fields it needs, so callers keep `totals` borrowable beside the entry.
+    fn current<'a>(
+        workers: &'a mut HashMap<String, WorkerEntry>,
+        stats: &mut IngestStats,
+        worker_id: &str,
+        epoch: u64,
+    ) -> Option<&'a mut WorkerEntry> {
+        let entry = workers.get_mut(worker_id)?;
         if entry.hello.epoch != epoch {
-            self.stats.stale += 1;
+            stats.stale += 1;
             entry.metrics.stale.increment(1);
             return None;
         }
@@ -281,14 +287,9 @@ impl Ingest {
             stats,
             ..
         } = self;
-        let Some(entry) = workers.get_mut(&batch.worker_id) else {
+        let Some(entry) = Self::current(workers, stats, &batch.worker_id, batch.epoch) else {
             return;
         };
-        if entry.hello.epoch != batch.epoch {
-            stats.stale += 1;
-            entry.metrics.stale.increment(1);
-            return;
-        }
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
             Some(next) if batch.seq < next => {
@@ -339,14 +340,9 @@ impl Ingest {
             stats,
             ..
         } = self;
-        let Some(entry) = workers.get_mut(&hb.worker_id) else {
+        let Some(entry) = Self::current(workers, stats, &hb.worker_id, hb.epoch) else {
             return;
         };
-        if entry.hello.epoch != hb.epoch {
-            stats.stale += 1;
-            entry.metrics.stale.increment(1);
-            return;
-        }
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
             Some(next) if hb.next_seq > next => {
@@ -374,16 +370,14 @@ impl Ingest {
             stats,
             ..
         } = self;
-        let Some(entry) = workers.get_mut(&resync.worker_id) else {
+        if !workers.contains_key(&resync.worker_id) {
             stats.unknown_worker_batches += 1;
             metrics::unknown_worker_batch();
             return;
-        };
-        if entry.hello.epoch != resync.epoch {
-            stats.stale += 1;
-            entry.metrics.stale.increment(1);
-            return;
         }
+        let Some(entry) = Self::current(workers, stats, &resync.worker_id, resync.epoch) else {
+            return;
+        };
         stats.resyncs += 1;
         entry.metrics.resyncs.increment(1);
         entry.last_heard_ns = now.mono_ns;
@@ -396,7 +390,7 @@ impl Ingest {
     }
 
     fn on_goodbye(&mut self, worker_id: &str, epoch: u64, now: Clock, out: &mut Outbox) {
-        if self.current(worker_id, epoch).is_some() {
+        if Self::current(&mut self.workers, &mut self.stats, worker_id, epoch).is_some() {
             tracing::info!(worker = %worker_id, "worker said goodbye");
             self.end_worker(worker_id, "the worker shut down", now, out);
         }

@@ -117,6 +117,13 @@ impl Tracker {
         owner
     }
 
+    fn cap_message(&self) -> String {
+        format!(
+            "token-processor in-flight cap of {} requests per worker reached",
+            self.max_requests
+        )
+    }
+
     fn speculating(&self) -> bool {
         self.num_spec_tokens > 0
     }
@@ -138,21 +145,9 @@ impl Tracker {
             let owner: Arc<str> = self.owner(&start.owner);
             if self.requests.len() >= self.max_requests {
                 obs.refused_at_cap += 1;
-                let state =
-                    RequestState::new(owner.clone(), start.prompt_tokens, start.arrival_unix_ms, 0);
-                let mut output = empty_output(id);
-                let message = format!(
-                    "token-processor in-flight cap of {} requests per worker reached",
-                    self.max_requests
-                );
-                state.finalize(
-                    &mut output,
-                    FinishReason::Error,
-                    Some((OutputErrorKind::Engine, message)),
-                    false,
-                );
-                obs.count_finish(FinishReason::Error);
-                out.push(&owner, output);
+                let error = (OutputErrorKind::Engine, self.cap_message());
+                let state = RequestState::new(owner, start.prompt_tokens, start.arrival_unix_ms, 0);
+                refuse(state, id, error, out, obs);
                 continue;
             }
             obs.prompt_tokens += u64::from(start.prompt_tokens);
@@ -315,20 +310,12 @@ impl Tracker {
                     );
                 } else {
                     let owner: Arc<str> = self.owner(&req.owner);
-                    let state =
-                        RequestState::new(owner.clone(), req.prompt_tokens, req.arrival_unix_ms, k);
-                    let mut output = empty_output(req.id);
-                    state.finalize(
-                        &mut output,
-                        FinishReason::Error,
-                        Some((
-                            OutputErrorKind::StepGap,
-                            "resync carried an invalid history".to_owned(),
-                        )),
-                        false,
+                    let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
+                    let error = (
+                        OutputErrorKind::StepGap,
+                        "resync carried an invalid history".to_owned(),
                     );
-                    obs.count_finish(FinishReason::Error);
-                    out.push(&owner, output);
+                    refuse(state, req.id, error, out, obs);
                 }
                 continue;
             };
@@ -342,25 +329,10 @@ impl Tracker {
                     if self.requests.len() >= self.max_requests {
                         obs.refused_at_cap += 1;
                         let owner: Arc<str> = self.owner(&req.owner);
-                        let state = RequestState::new(
-                            owner.clone(),
-                            req.prompt_tokens,
-                            req.arrival_unix_ms,
-                            0,
-                        );
-                        let mut output = empty_output(req.id);
-                        let message = format!(
-                            "token-processor in-flight cap of {} requests per worker reached",
-                            self.max_requests
-                        );
-                        state.finalize(
-                            &mut output,
-                            FinishReason::Error,
-                            Some((OutputErrorKind::Engine, message)),
-                            false,
-                        );
-                        obs.count_finish(FinishReason::Error);
-                        out.push(&owner, output);
+                        let error = (OutputErrorKind::Engine, self.cap_message());
+                        let state =
+                            RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
+                        refuse(state, req.id, error, out, obs);
                         continue;
                     }
                     obs.figures.add(&figures);
@@ -386,6 +358,20 @@ impl Tracker {
             }
         }
     }
+}
+
+/// Ends a request that is not (and will not be) tracked: its only output is a final error.
+fn refuse(
+    state: RequestState,
+    id: RequestId,
+    error: (OutputErrorKind, String),
+    out: &mut Outbox,
+    obs: &mut Observations,
+) {
+    let mut output = empty_output(id);
+    state.finalize(&mut output, FinishReason::Error, Some(error), false);
+    obs.count_finish(FinishReason::Error);
+    out.push(&state.owner, output);
 }
 
 /// An output with no tokens yet (to be finalized).

@@ -124,27 +124,13 @@ pub fn prepare(
 mod tests {
     use super::*;
 
-    fn seq<'a>(
-        tokens: &'a [u32],
-        start_pos: usize,
-        table: &'a [u32],
-        logits: LogitsFor,
-    ) -> SeqForward<'a> {
-        SeqForward {
-            tokens,
-            start_pos,
-            block_table: table,
-            logits,
-        }
-    }
-
     #[test]
     fn lays_out_a_mixed_prefill_and_verify_batch() {
         // Block size 4: a 3-token prompt in block 7, and a verify of 2 tokens at positions 4..6
         // of a sequence whose blocks are [2, 5].
         let seqs = [
-            seq(&[10, 11, 12], 0, &[7], LogitsFor::Last),
-            seq(&[20, 21], 4, &[2, 5], LogitsFor::All),
+            SeqForward::new(&[10, 11, 12], 0, &[7], LogitsFor::Last),
+            SeqForward::new(&[20, 21], 4, &[2, 5], LogitsFor::All),
         ];
         let m = prepare(&seqs, 100, 4, 8).unwrap();
         let l = m.layout;
@@ -162,9 +148,13 @@ mod tests {
     fn rejects_bad_batches() {
         let err = |seqs: &[SeqForward<'_>]| prepare(seqs, 100, 4, 8).unwrap_err().to_string();
         assert!(err(&[]).contains("empty"));
-        assert!(err(&[seq(&[], 0, &[0], LogitsFor::Last)]).contains("no tokens"));
-        assert!(err(&[seq(&[100], 0, &[0], LogitsFor::Last)]).contains("vocabulary"));
-        assert!(err(&[seq(&[1, 2, 3], 2, &[0], LogitsFor::Last)]).contains("cannot hold"));
-        assert!(err(&[seq(&[1], 0, &[8], LogitsFor::Last)]).contains("outside the cache"));
+        assert!(err(&[SeqForward::new(&[], 0, &[0], LogitsFor::Last)]).contains("no tokens"));
+        assert!(err(&[SeqForward::new(&[100], 0, &[0], LogitsFor::Last)]).contains("vocabulary"));
+        assert!(
+            err(&[SeqForward::new(&[1, 2, 3], 2, &[0], LogitsFor::Last)]).contains("cannot hold")
+        );
+        assert!(
+            err(&[SeqForward::new(&[1], 0, &[8], LogitsFor::Last)]).contains("outside the cache")
+        );
     }
 }
