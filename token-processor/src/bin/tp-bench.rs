@@ -194,7 +194,7 @@ async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
 
 /// Waits until the TP has processed `batches` step batches of `worker`, heartbeating every
 /// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent), and says so on
-/// stderr when that takes over a second: about once per ~100 flooded configurations zeromq-rs's
+/// stderr when that takes over a second: about once per ~80 flooded configurations zeromq-rs's
 /// PUSH writer stops writing (docs/benchmarks.md, "A zeromq-rs stall").
 async fn wait_processed(
     port: u16,
