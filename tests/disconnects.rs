@@ -102,10 +102,17 @@ async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
     wait_drained(&stack).await;
     let before: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
 
+    // In five waves, so a failure shows whether RSS climbs steadily (a leak) or jumps once.
     let started = Instant::now();
-    disconnect_wave(&stack, n, 32).await;
-    wait_drained(&stack).await;
-    let after: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+    const WAVES: usize = 5;
+    let mut after = before.clone();
+    for wave in 0..WAVES {
+        let count = n / WAVES + usize::from(wave < n % WAVES);
+        disconnect_wave(&stack, count, 32).await;
+        wait_drained(&stack).await;
+        after = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
+        eprintln!("RSS kB after wave {}: {after:?}", wave + 1);
+    }
 
     let aborted = metric_sum(
         &stack.metrics_text().await,

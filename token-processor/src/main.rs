@@ -102,10 +102,31 @@ fn main() -> anyhow::Result<()> {
             init_tracing(&cli.serve.log_format);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
+                .on_thread_park(return_idle_memory)
                 .build()?;
             runtime.block_on(serve(cli.serve))
         }
     }
+}
+
+/// Called as a runtime thread goes idle: at most once a second per thread, hands that thread's
+/// empty mimalloc pages back and purges expired free ranges, so RSS after a burst falls back to
+/// live memory instead of holding the burst's peak until the thread next allocates.
+fn return_idle_memory() {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let now = Instant::now();
+    if LAST
+        .get()
+        .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+    {
+        return;
+    }
+    LAST.set(Some(now));
+    // SAFETY: mi_collect only walks the calling thread's own heap and the shared arenas, under
+    // mimalloc's own synchronisation; it is callable from any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(false) };
 }
 
 fn init_tracing(format: &str) {
