@@ -17,31 +17,24 @@ pub trait LeInt: Copy {
     fn read_le(bytes: &[u8]) -> Self;
 }
 
-impl LeInt for u32 {
-    const WIDTH: usize = 4;
-    const NAME: &'static str = "little-endian u32 values";
-    #[inline]
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    #[inline]
-    fn read_le(bytes: &[u8]) -> Self {
-        u32::from_le_bytes(bytes.try_into().expect("chunk of WIDTH bytes"))
-    }
+macro_rules! le_int {
+    ($($t:ty),*) => {$(
+        impl LeInt for $t {
+            const WIDTH: usize = std::mem::size_of::<$t>();
+            const NAME: &'static str = concat!("little-endian ", stringify!($t), " values");
+            #[inline]
+            fn write_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[inline]
+            fn read_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("chunk of WIDTH bytes"))
+            }
+        }
+    )*};
 }
 
-impl LeInt for u64 {
-    const WIDTH: usize = 8;
-    const NAME: &'static str = "little-endian u64 values";
-    #[inline]
-    fn write_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    #[inline]
-    fn read_le(bytes: &[u8]) -> Self {
-        u64::from_le_bytes(bytes.try_into().expect("chunk of WIDTH bytes"))
-    }
-}
+le_int!(u32, u64);
 
 /// `#[serde(with = "crate::columns")]` on a `Vec<u32>` or `Vec<u64>`.
 pub fn serialize<T: LeInt, S: Serializer>(values: &[T], serializer: S) -> Result<S::Ok, S::Error> {

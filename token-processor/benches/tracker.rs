@@ -1,6 +1,7 @@
-//! The tracker's cost per step batch, in process: `Ingest::handle` on a decoded batch, and
-//! decode + handle on the wire frame (what the live ingest does per frame), and decode alone. Synthetic batches
-//! with 64/256/512 rows and K = 4 and 8 (`token_processor::synth`).
+//! The tracker's cost per step batch, in process: `Ingest::handle` on a decoded batch, decode
+//! alone, and decode + handle on the wire frame (what the live ingest does per frame); and the
+//! forwarder's encoding of one batch's outputs. Synthetic batches with 64/256/512 rows and
+//! K = 4 and 8 (`token_processor::synth`).
 
 use std::time::Instant;
 

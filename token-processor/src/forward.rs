@@ -13,7 +13,7 @@ use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ingest::OutputsByOwner;
 use crate::metrics;
-use crate::tracker::encode_outputs_message;
+use crate::tracker::{encode_outputs_message, merge_by_owner};
 
 /// Longest wait for one api-server's send queue.
 pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
@@ -174,13 +174,8 @@ fn coalesce(batch: &mut OutputsByOwner, queued: &mut mpsc::Receiver<OutputsByOwn
     let mut total: usize = batch.iter().map(|(_, list)| list.len()).sum();
     while total < MAX_COALESCED_OUTPUTS {
         let Ok(more) = queued.try_recv() else { break };
-        for (owner, list) in more {
-            total += list.len();
-            match batch.iter_mut().find(|(o, _)| *o == owner) {
-                Some((_, existing)) => existing.append(list),
-                None => batch.push((owner, list)),
-            }
-        }
+        total += more.iter().map(|(_, list)| list.len()).sum::<usize>();
+        merge_by_owner(batch, more);
     }
 }
 

@@ -187,6 +187,14 @@ async fn introduce(worker: &mut PushSocket, worker_id: &str, k: u8) -> anyhow::R
     push(worker, &WorkerToTp::Resync(resync)).await
 }
 
+/// Waits until message `i` is due at `rate` per second from `start` (0: never waits).
+async fn pace(start: tokio::time::Instant, i: usize, rate: u32) {
+    if rate > 0 {
+        let due = Duration::from_secs_f64(i as f64 / f64::from(rate));
+        tokio::time::sleep_until(start + due).await;
+    }
+}
+
 async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
     worker.send(ZmqMessage::from(proto::encode(msg)?)).await?;
     Ok(())
@@ -373,10 +381,7 @@ async fn main() -> anyhow::Result<()> {
             let start = Instant::now();
             let start_at = tokio::time::Instant::now();
             for (i, frame) in frames.iter().enumerate() {
-                if args.rate > 0 {
-                    let due = Duration::from_secs_f64(i as f64 / f64::from(args.rate));
-                    tokio::time::sleep_until(start_at + due).await;
-                }
+                pace(start_at, i, args.rate).await;
                 worker.send(ZmqMessage::from(frame.clone())).await?;
             }
             wait_processed(tp.http_port, &mut worker, &worker_id, n, n).await?;
@@ -423,10 +428,7 @@ async fn main() -> anyhow::Result<()> {
         let start_at = tokio::time::Instant::now();
         while gen.finished() < args.rss_requests {
             let frame = proto::encode(&WorkerToTp::Step(gen.next_batch()))?;
-            if args.rss_rate > 0 {
-                let due = Duration::from_secs_f64(sent as f64 / f64::from(args.rss_rate));
-                tokio::time::sleep_until(start_at + due).await;
-            }
+            pace(start_at, sent, args.rss_rate).await;
             worker.send(ZmqMessage::from(frame)).await?;
             sent += 1;
             // And at most ~256 batches in flight, so queues stay short.

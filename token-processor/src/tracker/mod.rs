@@ -7,14 +7,16 @@
 
 mod effects;
 mod figures;
+mod outputs;
 mod request;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-pub use effects::{encode_outputs_message, Observations, Outbox, OutputsByOwner, OwnerOutputs};
+pub use effects::{merge_by_owner, Observations, Outbox, OutputsByOwner};
 pub use figures::Figures;
+pub use outputs::{encode_outputs_message, OwnerOutputs};
 pub use request::RequestState;
 
 use proto::tp_api::{OutputErrorKind, RequestOutput};
@@ -117,11 +119,20 @@ impl Tracker {
         owner
     }
 
-    fn cap_message(&self) -> String {
-        format!(
+    /// Ends a request that would exceed the in-flight cap (counted in `obs`).
+    fn refuse_at_cap(
+        &self,
+        state: RequestState,
+        id: RequestId,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        obs.refused_at_cap += 1;
+        let message = format!(
             "token-processor in-flight cap of {} requests per worker reached",
             self.max_requests
-        )
+        );
+        refuse(state, id, (OutputErrorKind::Engine, message), out, obs);
     }
 
     fn speculating(&self) -> bool {
@@ -144,10 +155,8 @@ impl Tracker {
             }
             let owner: Arc<str> = self.owner(&start.owner);
             if self.requests.len() >= self.max_requests {
-                obs.refused_at_cap += 1;
-                let error = (OutputErrorKind::Engine, self.cap_message());
                 let state = RequestState::new(owner, start.prompt_tokens, start.arrival_unix_ms, 0);
-                refuse(state, id, error, out, obs);
+                self.refuse_at_cap(state, id, out, obs);
                 continue;
             }
             obs.prompt_tokens += u64::from(start.prompt_tokens);
@@ -327,12 +336,10 @@ impl Tracker {
                 }
                 None => {
                     if self.requests.len() >= self.max_requests {
-                        obs.refused_at_cap += 1;
                         let owner: Arc<str> = self.owner(&req.owner);
-                        let error = (OutputErrorKind::Engine, self.cap_message());
                         let state =
                             RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
-                        refuse(state, req.id, error, out, obs);
+                        self.refuse_at_cap(state, req.id, out, obs);
                         continue;
                     }
                     obs.figures.add(&figures);
