@@ -1,9 +1,5 @@
 //! api-server: specula's OpenAI-compatible HTTP front end (see the crate docs).
 
-/// mimalloc: returns a thread's free pages cheaply when it goes idle (see `return_idle_memory`).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -110,26 +106,29 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Called as a runtime thread goes idle: at most once a second per thread, hands that thread's
-/// empty mimalloc pages back and purges expired free ranges, so RSS after a burst of requests
-/// falls back to live memory (tests/disconnects.rs). ~25 µs on a fragmented 50 MB heap, where
-/// glibc's `malloc_trim` took 8–14 ms holding its arena lock.
+/// Called as a runtime thread goes idle: at most once a second per thread, returns glibc's free
+/// pages to the OS, so RSS after a burst of requests falls back to live memory instead of
+/// keeping the burst's fragmentation (measured in tests/disconnects.rs). Known cost: on a
+/// fragmented 50 MB heap one call took 8–14 ms under glibc's arena lock (docs/faults.md);
+/// trimming only once the server is idle is the follow-up.
 fn return_idle_memory() {
-    thread_local! {
-        static LAST: std::cell::Cell<Option<std::time::Instant>> =
-            const { std::cell::Cell::new(None) };
-    }
-    let now = std::time::Instant::now();
-    if LAST
-        .get()
-        .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        return;
+        thread_local! {
+            static LAST: std::cell::Cell<Option<std::time::Instant>> =
+                const { std::cell::Cell::new(None) };
+        }
+        let now = std::time::Instant::now();
+        if LAST
+            .get()
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        LAST.set(Some(now));
+        // SAFETY: malloc_trim takes glibc's arena locks itself; callable from any thread.
+        unsafe { libc::malloc_trim(0) };
     }
-    LAST.set(Some(now));
-    // SAFETY: mi_collect only walks the calling thread's own heap and the shared arenas, under
-    // mimalloc's own synchronisation; it is callable from any thread at any time.
-    unsafe { libmimalloc_sys::mi_collect(false) };
 }
 
 fn main() -> anyhow::Result<()> {

@@ -220,6 +220,17 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
+        // A failing test shows how each process ended before the logs go with the directory.
+        if std::thread::panicking() {
+            for p in Proc::ALL {
+                let log = self.log(p);
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("--- last lines of {} ---", p.binary_name());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
         for child in self.children.iter_mut().flatten() {
             let _ = child.kill();
             let _ = child.wait();
