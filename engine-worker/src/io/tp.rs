@@ -100,6 +100,9 @@ async fn serve_connection(
         return LinkEnd::Broken;
     }
     let mut awaiting_resync = true;
+    // Heartbeats carry the next seq actually sent on this socket: the step loop's counter also
+    // covers batches still queued in `rx`, which would make the TP see a gap that is not one.
+    let mut sent_next_seq: Option<u64> = None;
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -111,6 +114,7 @@ async fn serve_connection(
                         if awaiting_resync {
                             continue;
                         }
+                        sent_next_seq = Some(batch.seq + 1);
                         WorkerToTp::Step(batch)
                     }
                     TpOutbound::Resync(resync) => {
@@ -121,6 +125,7 @@ async fn serve_connection(
                             return LinkEnd::Broken;
                         }
                         awaiting_resync = false;
+                        sent_next_seq = Some(resync.next_seq);
                         WorkerToTp::Resync(resync)
                     }
                     TpOutbound::Goodbye => {
@@ -137,7 +142,9 @@ async fn serve_connection(
                 }
             }
             _ = heartbeat.tick() => {
-                if !send(socket, &WorkerToTp::Heartbeat(status.heartbeat()), cfg.send_timeout).await {
+                let mut beat = status.heartbeat();
+                beat.next_seq = sent_next_seq.unwrap_or(beat.next_seq);
+                if !send(socket, &WorkerToTp::Heartbeat(beat), cfg.send_timeout).await {
                     return LinkEnd::Broken;
                 }
             }
