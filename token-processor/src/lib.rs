@@ -9,6 +9,7 @@
 //! - [`forward`]: the api-server-facing ROUTER.
 //! - [`metrics`], [`binned`], [`http`]: Prometheus (histograms observed per row are binned per
 //!   batch) and `/health`.
+//! - [`memory`]: process memory settings (huge pages off).
 //! - [`replay`]: acceptance traces through the same state machine, for `token-processor replay`.
 //! - [`synth`]: synthetic step batches for the benchmarks.
 
@@ -18,6 +19,7 @@ pub mod forward;
 pub mod http;
 pub mod ingest;
 pub mod ipc;
+pub mod memory;
 pub mod metrics;
 pub mod replay;
 pub mod synth;

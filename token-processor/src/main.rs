@@ -18,7 +18,7 @@ use zeromq::{PullSocket, RouterSocket, Socket};
 
 use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth};
 use token_processor::replay::{self, Batching, Trace};
-use token_processor::{forward, http, metrics};
+use token_processor::{forward, http, memory, metrics};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -100,6 +100,9 @@ fn main() -> anyhow::Result<()> {
         }
         None => {
             init_tracing(&cli.serve.log_format);
+            if let Err(e) = memory::disable_transparent_huge_pages() {
+                tracing::warn!(error = %e, "could not turn transparent huge pages off; batches may stall on 2 MiB page faults");
+            }
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .on_thread_park(return_idle_memory)
