@@ -3,7 +3,7 @@
 #  1. tp-bench: a real token-processor over ipc, synthetic batches (64/256/512 rows, K=4/8),
 #     sustained batches/s, request-steps/s, per-batch processing time; RSS over 1M requests.
 #  2. The FastDeploy-style Python reference on the same batches (tp-bench --dump-dir).
-# Usage: scripts/bench/run.sh [tp-bench options]   (criterion: cargo bench -p token-processor)
+# Usage: scripts/bench/run.sh [tp-bench options, e.g. --pin]   (criterion: cargo bench -p token-processor)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"

@@ -70,6 +70,31 @@ struct Args {
     /// connected"), to separate forwarding from tracking.
     #[arg(long, env = "TP_BENCH_NO_API_SERVER")]
     no_api_server: bool,
+    /// Pin this process (fake worker and api-server) to CPU 0 and the token-processor to CPU 1,
+    /// so the harness's threads do not preempt the process being measured (on a 2-core machine
+    /// they otherwise share both cores with it; in production the engine and api-server run on
+    /// cores of their own).
+    #[arg(long, env = "TP_BENCH_PIN")]
+    pin: bool,
+}
+
+/// The CPUs `--pin` uses: the harness's, then the token-processor's.
+const PIN_CPUS: (usize, usize) = (0, 1);
+
+/// Restricts the calling thread (and the threads it starts afterwards) to `cpu`. Only raw
+/// syscalls, so it may run between fork and exec.
+fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write within it; sched_setaffinity
+    // reads `size_of::<cpu_set_t>()` bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 struct Tp {
@@ -251,12 +276,23 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // Same allocator setup as the token-processor, so the fake worker and api-server do not
     // spend the shared cores zeroing huge pages.
     token_processor::memory::disable_transparent_huge_pages()?;
+    if args.pin {
+        // Before the runtime starts, so its threads inherit the mask.
+        pin_to_cpu(PIN_CPUS.0).context("pinning tp-bench (--pin needs 2 CPUs)")?;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let tp_bin = match args.tp.clone() {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("token-processor"),
@@ -266,7 +302,14 @@ async fn main() -> anyhow::Result<()> {
     let ingest_ep = format!("ipc://{}/ingest.ipc", dir.display());
     let api_ep = format!("ipc://{}/api.ipc", dir.display());
     let http_port = free_port();
-    let child = Command::new(&tp_bin)
+    let mut command = Command::new(&tp_bin);
+    if args.pin {
+        // SAFETY: the closure only makes the sched_setaffinity syscall (async-signal-safe).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || pin_to_cpu(PIN_CPUS.1));
+        }
+    }
+    let child = command
         .args(["--ingest-endpoint", &ingest_ep, "--api-endpoint", &api_ep])
         .args([
             "--metrics-port",
@@ -323,11 +366,19 @@ async fn main() -> anyhow::Result<()> {
     worker.connect(&ingest_ep).await?;
     let tp_pid = tp.child.id();
     println!(
-        "# token-processor pid {tp_pid}, RSS at start {} KiB; pushing {}",
+        "# token-processor pid {tp_pid}, RSS at start {} KiB; pushing {}; {}",
         rss_kib(tp_pid),
         match args.rate {
             0 => "as fast as the socket takes them".to_owned(),
             r => format!("{r} batches/s"),
+        },
+        if args.pin {
+            format!(
+                "pinned: tp-bench to CPU {}, token-processor to CPU {}",
+                PIN_CPUS.0, PIN_CPUS.1
+            )
+        } else {
+            "not pinned".to_owned()
         }
     );
     println!(
