@@ -81,6 +81,20 @@ async fn wait_drained(stack: &Stack) {
         || async { in_flight(stack).await == (0, 0, 0) },
     )
     .await;
+    // The api-server hands freed heap back once it is idle (not while requests run): RSS is
+    // read after that.
+    wait_until(
+        Duration::from_secs(10),
+        "the api-server to trim its heap after the last request",
+        || async {
+            let health: Value = match stack.client().get(stack.api("/health")).send().await {
+                Ok(r) => r.json().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            };
+            health["idle_heap_trimmed"] == Value::Bool(true)
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

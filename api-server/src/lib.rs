@@ -8,6 +8,7 @@ pub mod body;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod memory;
 pub mod model;
 pub mod notify;
 pub mod openai;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use api_server::auth::ApiKey;
 use api_server::engine::{EngineClient, EngineConfig};
+use api_server::memory::IdleTrim;
 use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
 use api_server::routes::{router, AppState};
@@ -106,37 +107,11 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Called as a runtime thread goes idle: at most once a second per thread, returns glibc's free
-/// pages to the OS, so RSS after a burst of requests falls back to live memory instead of
-/// keeping the burst's fragmentation (measured in tests/disconnects.rs). Known cost: on a
-/// fragmented 50 MB heap one call took 8–14 ms under glibc's arena lock (docs/faults.md);
-/// trimming only once the server is idle is the follow-up.
-fn return_idle_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        thread_local! {
-            static LAST: std::cell::Cell<Option<std::time::Instant>> =
-                const { std::cell::Cell::new(None) };
-        }
-        let now = std::time::Instant::now();
-        if LAST
-            .get()
-            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
-        {
-            return;
-        }
-        LAST.set(Some(now));
-        // SAFETY: malloc_trim takes glibc's arena locks itself; callable from any thread.
-        unsafe { libc::malloc_trim(0) };
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_park(return_idle_memory)
         .build()
         .context("starting the tokio runtime")?;
     let result = runtime.block_on(run(args));
@@ -179,6 +154,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| api_server::model::default_served_name(&args.model));
     let model_names = api_server::model::model_aliases(&served_model_name, &args.model);
+    let idle_trim = Arc::new(IdleTrim::default());
+    tokio::spawn(api_server::memory::run(idle_trim.clone(), engine.clone()));
     let state = AppState {
         model: Arc::new(model),
         served_model_name: served_model_name.into(),
@@ -189,6 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         max_body_bytes: args.max_body_bytes,
         started_unix: api_server::openai::responses::unix_now(),
+        idle_trim,
     };
     let app = router(state, ApiKey(args.api_key.clone().map(Into::into)));
 

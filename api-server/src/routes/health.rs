@@ -12,6 +12,10 @@ pub async fn handle(State(state): State<AppState>) -> Response {
     match state.engine.readiness() {
         Ok(()) => {
             let mut body = state.engine.status();
+            body["idle_heap_trimmed"] = state
+                .idle_trim
+                .trimmed_since_last_request(state.engine.in_flight())
+                .into();
             body["status"] = "ok".into();
             Json(body).into_response()
         }

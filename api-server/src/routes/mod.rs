@@ -16,6 +16,7 @@ use axum::Router;
 use crate::auth::{require_api_key, ApiKey};
 use crate::engine::EngineClient;
 use crate::error::ApiError;
+use crate::memory::{track_activity, IdleTrim};
 use crate::model::ModelAssets;
 use crate::openai::validate::Limits;
 
@@ -35,6 +36,8 @@ pub struct AppState {
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     pub started_unix: u64,
+    /// Activity of the generation routes, for trimming the heap once idle.
+    pub idle_trim: Arc<IdleTrim>,
 }
 
 async fn not_found(request: Request) -> ApiError {
@@ -52,9 +55,15 @@ async fn method_not_allowed(request: Request) -> axum::response::Response {
 
 /// The api-server's router.
 pub fn router(state: AppState, api_key: ApiKey) -> Router {
-    Router::new()
+    let generation = Router::new()
         .route("/v1/completions", post(completions::handle))
         .route("/v1/chat/completions", post(chat::handle))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.idle_trim.clone(),
+            track_activity,
+        ));
+    Router::new()
+        .merge(generation)
         .route("/v1/models", get(models::handle))
         .route("/health", get(health::handle))
         .fallback(not_found)

@@ -56,6 +56,7 @@ pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
         request_timeout: timeout,
         max_body_bytes: 64 * 1024,
         started_unix: 0,
+        idle_trim: Default::default(),
     }
 }
 
