@@ -20,17 +20,17 @@ fn rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// The api-server's `/health` body (Null when it cannot be read).
+async fn api_health(stack: &Stack) -> Value {
+    match stack.client().get(stack.api("/health")).send().await {
+        Ok(r) => r.json().await.unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
 /// (api-server in-flight, workers' running + waiting, token-processor running).
 async fn in_flight(stack: &Stack) -> (u64, u64, u64) {
-    let health: Value = stack
-        .client()
-        .get(stack.api("/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or(Value::Null);
+    let health = api_health(stack).await;
     let api = health["in_flight"].as_u64().unwrap_or(u64::MAX);
     let workers = health["workers"].as_array().map_or(u64::MAX, |w| {
         w.iter()
@@ -86,13 +86,7 @@ async fn wait_drained(stack: &Stack) {
     wait_until(
         Duration::from_secs(10),
         "the api-server to trim its heap after the last request",
-        || async {
-            let health: Value = match stack.client().get(stack.api("/health")).send().await {
-                Ok(r) => r.json().await.unwrap_or(Value::Null),
-                Err(_) => Value::Null,
-            };
-            health["idle_heap_trimmed"] == Value::Bool(true)
-        },
+        || async { api_health(stack).await["idle_heap_trimmed"] == Value::Bool(true) },
     )
     .await;
 }

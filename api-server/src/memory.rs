@@ -56,8 +56,12 @@ impl IdleTrim {
     /// Returns the `started` count the trim will cover.
     pub fn due(&self, engine_in_flight: usize) -> Option<u64> {
         let started = self.started.load(Ordering::Acquire);
-        let idle = engine_in_flight == 0 && self.in_handler.load(Ordering::Acquire) == 0;
-        (idle && self.trimmed_at.load(Ordering::Relaxed) != started).then_some(started)
+        (self.idle(engine_in_flight) && self.trimmed_at.load(Ordering::Acquire) != started)
+            .then_some(started)
+    }
+
+    fn idle(&self, engine_in_flight: usize) -> bool {
+        engine_in_flight == 0 && self.in_handler.load(Ordering::Acquire) == 0
     }
 
     /// Records a trim that followed every request up to `started`.
@@ -68,8 +72,7 @@ impl IdleTrim {
     /// True once the heap was trimmed after the last request finished (what `/health` shows,
     /// and what the leak tests wait for before reading RSS).
     pub fn trimmed_since_last_request(&self, engine_in_flight: usize) -> bool {
-        engine_in_flight == 0
-            && self.in_handler.load(Ordering::Acquire) == 0
+        self.idle(engine_in_flight)
             && self.trimmed_at.load(Ordering::Acquire) == self.started.load(Ordering::Acquire)
     }
 }
