@@ -18,4 +18,5 @@ pub struct SpeculateMetrics {
     pub num_accepted_draft_tokens: u64,
     pub draft_acceptance_rate: f64,
     pub accept_length_histogram: Vec<u64>,
+    pub draft_length_histogram: Vec<u64>,
 }

@@ -51,6 +51,12 @@ def check_metrics_shape(m, k, what):
     check(len(m["accept_ratio_per_head"]) == k, f"{what}: accept_ratio_per_head has K entries")
     check(len(m["accepted_tokens_per_head"]) == k + 1, f"{what}: accepted_tokens_per_head has K+1 entries")
     check(len(m["accept_length_histogram"]) == k + 1, f"{what}: histogram has K+1 entries")
+    check(len(m["draft_length_histogram"]) == k + 1, f"{what}: draft-length histogram has K+1 entries")
+    check(sum(m["draft_length_histogram"]) == m["num_steps"], f"{what}: draft-length histogram sums to the steps")
+    check(
+        sum(j * n for j, n in enumerate(m["draft_length_histogram"])) == m["num_draft_tokens"],
+        f"{what}: draft-length histogram weighs to the draft tokens",
+    )
     check(m["accepted_tokens_per_head"][0] == m["num_steps"], f"{what}: per-head[0] is the step count")
 
 

@@ -18,6 +18,7 @@ pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "specula_spec_decode_num_accepted_tok
 pub const SPEC_ACCEPTED_PER_POS: &str = "specula_spec_decode_num_accepted_tokens_per_pos_total";
 pub const SPEC_NUM_EMITTED_TOKENS: &str = "specula_spec_decode_num_emitted_tokens_total";
 pub const SPEC_ACCEPTED_PER_STEP: &str = "specula_spec_decode_accepted_drafts_per_step";
+pub const SPEC_DRAFTED_PER_STEP: &str = "specula_spec_decode_drafted_per_step";
 
 /// Finished-request counters, indexed by `FinishReason::code() - 1`.
 pub const FINISHED: [&str; 4] = [
@@ -64,41 +65,25 @@ const BATCH_BUCKETS: &[f64] = &[
     0.002_5, 0.005, 0.01, 0.025, 0.1,
 ];
 
-/// Counters that exist before any worker said hello (exported at 0 from startup).
-const ALL_COUNTERS: &[&str] = &[
-    SPEC_NUM_STEPS,
-    SPEC_NUM_DRAFTS,
-    SPEC_NUM_DRAFT_TOKENS,
-    SPEC_NUM_ACCEPTED_TOKENS,
-    SPEC_ACCEPTED_PER_POS,
-    SPEC_NUM_EMITTED_TOKENS,
-    FINISHED[0],
-    FINISHED[1],
-    FINISHED[2],
-    FINISHED[3],
-    PROMPT_TOKENS,
-    GENERATION_TOKENS,
-    GAPS,
-    INVALID_BATCHES,
-    STALE_BATCHES,
-    UNKNOWN_WORKER_BATCHES,
-    UNKNOWN_ROWS,
-    REFUSED,
-    WORKERS_LOST,
-    RESYNCS,
-    MALFORMED_FRAMES,
-    OUTPUTS_DROPPED,
-];
+/// The process-wide counters, exported at 0 from startup. Every other series carries the
+/// `model` and `worker` labels and exists once that worker said hello (the spec: no series
+/// without those labels).
+const PROCESS_COUNTERS: &[&str] = &[UNKNOWN_WORKER_BATCHES, MALFORMED_FRAMES, OUTPUTS_DROPPED];
 
-/// Installs the global Prometheus recorder and the binned histograms ([`binned`]: the two
-/// histograms observed once per batch row). `max_spec_tokens` sets the accepted-drafts-per-step
-/// buckets `le="0".."K"` (one bucket set per metric name, so the largest K expected).
+/// Installs the global Prometheus recorder and the binned histograms ([`binned`]: the
+/// histograms observed once per batch row). `max_spec_tokens` sets the per-step buckets
+/// `le="0".."K"` (one bucket set per metric name, so the largest K expected).
 pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
     let per_step: Vec<f64> = (0..=max_spec_tokens).map(f64::from).collect();
     let mut per_row = binned::Registry::default();
     per_row.declare(
         SPEC_ACCEPTED_PER_STEP,
         "Accepted draft tokens per verification step.",
+        &per_step,
+    );
+    per_row.declare(
+        SPEC_DRAFTED_PER_STEP,
+        "Draft tokens proposed per verification step (what the drafting policy chose).",
         &per_step,
     );
     per_row.declare(
@@ -118,7 +103,7 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
         .install_recorder()
         .map_err(err)?;
     describe_all();
-    for name in ALL_COUNTERS {
+    for name in PROCESS_COUNTERS {
         counter!(*name).increment(0);
     }
     gauge!(WORKERS_CONNECTED).set(0.0);
@@ -262,6 +247,7 @@ pub struct WorkerMetrics {
     accepted_per_pos: Vec<Counter>,
     emitted_tokens: Counter,
     accepted_per_step: BinnedHistogram,
+    drafted_per_step: BinnedHistogram,
     finished: [Counter; 4],
     prompt_tokens: Counter,
     generation_tokens: Counter,
@@ -305,6 +291,7 @@ impl WorkerMetrics {
             accepted_per_pos,
             emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
             accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, model, worker),
+            drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, model, worker),
             finished: FINISHED.map(c),
             prompt_tokens: c(PROMPT_TOKENS),
             generation_tokens: c(GENERATION_TOKENS),
@@ -335,9 +322,10 @@ impl WorkerMetrics {
             for (handle, n) in self.accepted_per_pos.iter().zip(f.accepted_per_position()) {
                 handle.increment(n);
             }
-            let per_step = f.accept_length_histogram().iter().enumerate();
             self.accepted_per_step
-                .observe(per_step.map(|(j, &n)| (j as f64, n)));
+                .observe(per_length(f.accept_length_histogram()));
+            self.drafted_per_step
+                .observe(per_length(f.draft_length_histogram()));
         }
         for (handle, &n) in self.finished.iter().zip(&obs.finished) {
             if n > 0 {
@@ -362,6 +350,11 @@ impl WorkerMetrics {
             self.refused.increment(obs.refused_at_cap);
         }
     }
+}
+
+/// `(j, steps of length j)` for a per-step histogram's observations.
+fn per_length(histogram: &[u64]) -> impl Iterator<Item = (f64, u64)> + '_ {
+    histogram.iter().enumerate().map(|(j, &n)| (j as f64, n))
 }
 
 /// Process-wide series (no worker yet, or no worker at all).

@@ -215,6 +215,7 @@ pub struct GlobalCounters {
     pub num_accepted_tokens_per_pos_total: Vec<u64>,
     pub num_emitted_tokens_total: u64,
     pub accept_length_histogram: Vec<u64>,
+    pub draft_length_histogram: Vec<u64>,
 }
 
 impl GlobalCounters {
@@ -227,6 +228,7 @@ impl GlobalCounters {
             num_accepted_tokens_per_pos_total: f.accepted_per_position(),
             num_emitted_tokens_total: f.emitted_tokens(),
             accept_length_histogram: f.accept_length_histogram().to_vec(),
+            draft_length_histogram: f.draft_length_histogram().to_vec(),
         }
     }
 }

@@ -300,8 +300,12 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     let (status, text) = http_get(http_port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     assert!(
-        text.contains("specula_spec_decode_num_steps_total 0"),
-        "counters exported at 0 from startup:\n{text}"
+        text.contains("specula_step_batches_unknown_worker_total 0"),
+        "process-wide counters exported at 0 from startup:\n{text}"
+    );
+    assert!(
+        !text.contains("specula_spec_decode"),
+        "no acceptance series before a worker said hello (they carry model and worker):\n{text}"
     );
 
     let mut api_a = FakeApi::connect(&api_endpoint, "api-a").await;
@@ -376,6 +380,7 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         (2, 8, 2)
     );
     assert_eq!(m.accept_length_histogram, vec![0, 0, 1, 0, 1]);
+    assert_eq!(m.draft_length_histogram, vec![0, 0, 0, 0, 2]);
 
     // The aggregate counters: steps (4,2) (4,4) (3,0) (4,1).
     let (status, text) = http_get(http_port, "/metrics").await.unwrap();
@@ -430,6 +435,22 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &bucket(le))),
         [1.0, 2.0, 3.0, 3.0, 4.0, 4.0]
     );
+    let drafted = |le: &str| {
+        format!("specula_spec_decode_drafted_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",le=\"{le}\"}}")
+    };
+    assert_eq!(
+        ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &drafted(le))),
+        [0.0, 0.0, 0.0, 1.0, 4.0, 4.0]
+    );
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("specula_spec_decode"))
+    {
+        assert!(
+            line.contains("model=\"smol\"") && line.contains(&format!("worker=\"{WORKER}\"")),
+            "every acceptance series carries model and worker: {line}"
+        );
+    }
     assert_eq!(
         metric(
             &text,

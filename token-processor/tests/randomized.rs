@@ -272,6 +272,11 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
             sim.steps.iter().map(|s| u64::from(s.1)).sum::<u64>()
         );
         assert_eq!(m.accepted_tokens_per_head[1..], acc[..]);
+        let mut drafted = vec![0u64; k + 1];
+        for &(d, _) in &sim.steps {
+            drafted[usize::from(d)] += 1;
+        }
+        assert_eq!(m.draft_length_histogram, drafted);
         for i in 0..k {
             let want = if reach[i] == 0 {
                 0.0

@@ -131,6 +131,7 @@ pub fn fake_metrics(seed: u64) -> SpeculateMetrics {
         num_accepted_draft_tokens: 1,
         draft_acceptance_rate: 0.5,
         accept_length_histogram: vec![1, 1, 0],
+        draft_length_histogram: vec![seed.saturating_sub(1), 0, 1],
     }
 }
 

@@ -137,6 +137,7 @@ pub fn speculate_metrics() -> SpeculateMetrics {
         num_accepted_draft_tokens: 9,
         draft_acceptance_rate: 0.5,
         accept_length_histogram: vec![4, 1, 2, 0, 1],
+        draft_length_histogram: vec![2, 1, 1, 1, 3],
     }
 }
 

@@ -1,5 +1,5 @@
 //! The acceptance figures of `shared/spec/acceptance-metrics.md`, kept as a handful of counters
-//! and two (K+1)-entry histograms: O(K) memory per request, never O(steps).
+//! and three (K+1)-entry histograms: O(K) memory per request, never O(steps).
 //!
 //! Per-position counts are derived from the histograms instead of updated per position: position
 //! `i` is accepted in a step iff `a > i`, so `accepted_i = #{steps: a > i}` is a suffix sum of the
@@ -15,11 +15,18 @@ pub struct Figures {
     drafts: u64,
     draft_tokens: u64,
     accepted_draft_tokens: u64,
-    /// Two (K+1)-entry histograms in one allocation (one cache miss per step, not two):
-    /// `[..=K]` entry `j`: steps with `a == j`; `[K+1..]` entry `m`: steps with
-    /// `min(d, a + 1) == m` (positions `0..m` were reached).
+    /// Three (K+1)-entry histograms in one allocation (one cache miss per step, not three):
+    /// [`ACCEPT`] entry `j`: steps with `a == j`; [`REACH`] entry `m`: steps with
+    /// `min(d, a + 1) == m` (positions `0..m` were reached); [`DRAFT`] entry `j`: steps with
+    /// `d == j`.
     hist: Box<[u64]>,
 }
+
+/// The histograms kept in [`Figures::hist`], in storage order.
+const ACCEPT: usize = 0;
+const REACH: usize = 1;
+const DRAFT: usize = 2;
+const HISTOGRAMS: usize = 3;
 
 impl Figures {
     /// Zero figures for K = `num_spec_tokens`.
@@ -29,21 +36,31 @@ impl Figures {
             drafts: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
-            hist: vec![0; 2 * (num_spec_tokens + 1)].into_boxed_slice(),
+            hist: vec![0; HISTOGRAMS * (num_spec_tokens + 1)].into_boxed_slice(),
         }
     }
 
     /// K.
     pub fn num_spec_tokens(&self) -> usize {
-        self.hist.len() / 2 - 1
+        self.width() - 1
+    }
+
+    /// K + 1: the length of each histogram.
+    fn width(&self) -> usize {
+        self.hist.len() / HISTOGRAMS
+    }
+
+    fn histogram(&self, which: usize) -> &[u64] {
+        let width = self.width();
+        &self.hist[which * width..(which + 1) * width]
     }
 
     fn accept_hist(&self) -> &[u64] {
-        &self.hist[..self.hist.len() / 2]
+        self.histogram(ACCEPT)
     }
 
     fn reach_hist(&self) -> &[u64] {
-        &self.hist[self.hist.len() / 2..]
+        self.histogram(REACH)
     }
 
     /// Loads the histograms into cache ahead of [`record`](Self::record): the tracker touches
@@ -62,9 +79,10 @@ impl Figures {
         self.drafts += u64::from(drafted > 0);
         self.draft_tokens += u64::from(drafted);
         self.accepted_draft_tokens += u64::from(accepted);
-        let reach_base = self.hist.len() / 2;
-        self.hist[usize::from(accepted)] += 1;
-        self.hist[reach_base + usize::from(drafted.min(accepted + 1))] += 1;
+        let width = self.width();
+        self.hist[ACCEPT * width + usize::from(accepted)] += 1;
+        self.hist[REACH * width + usize::from(drafted.min(accepted + 1))] += 1;
+        self.hist[DRAFT * width + usize::from(drafted)] += 1;
     }
 
     /// Verification steps (`n`).
@@ -97,6 +115,11 @@ impl Figures {
         self.accept_hist()
     }
 
+    /// Entry `j`: steps that drafted exactly `j` tokens (what the drafting policy chose).
+    pub fn draft_length_histogram(&self) -> &[u64] {
+        self.histogram(DRAFT)
+    }
+
     /// `accepted_i` for `i in 0..K`.
     pub fn accepted_per_position(&self) -> Vec<u64> {
         suffix_counts(self.accept_hist())
@@ -115,10 +138,12 @@ impl Figures {
         self.drafts += other.drafts;
         self.draft_tokens += other.draft_tokens;
         self.accepted_draft_tokens += other.accepted_draft_tokens;
-        let (k_mine, k_theirs) = (self.num_spec_tokens() + 1, other.num_spec_tokens() + 1);
-        for j in 0..k_theirs {
-            self.hist[j] += other.hist[j];
-            self.hist[k_mine + j] += other.hist[k_theirs + j];
+        let width = self.width();
+        for which in 0..HISTOGRAMS {
+            let mine = &mut self.hist[which * width..(which + 1) * width];
+            for (m, n) in mine.iter_mut().zip(other.histogram(which)) {
+                *m += n;
+            }
         }
     }
 
@@ -132,15 +157,13 @@ impl Figures {
         self.accepted_draft_tokens += newer
             .accepted_draft_tokens
             .saturating_sub(older.accepted_draft_tokens);
-        let k_mine = self.num_spec_tokens() + 1;
-        let (older_accept, older_reach) = (older.accept_hist(), older.reach_hist());
-        for (j, n) in newer.accept_hist().iter().enumerate() {
-            let o = older_accept.get(j).copied().unwrap_or(0);
-            self.hist[j] += n.saturating_sub(o);
-        }
-        for (j, n) in newer.reach_hist().iter().enumerate() {
-            let o = older_reach.get(j).copied().unwrap_or(0);
-            self.hist[k_mine + j] += n.saturating_sub(o);
+        let width = self.width();
+        for which in 0..HISTOGRAMS {
+            let older = older.histogram(which);
+            let mine = &mut self.hist[which * width..(which + 1) * width];
+            for (j, n) in newer.histogram(which).iter().enumerate() {
+                mine[j] += n.saturating_sub(older.get(j).copied().unwrap_or(0));
+            }
         }
     }
 
@@ -159,10 +182,12 @@ impl Figures {
 
     fn grow_to(&mut self, num_spec_tokens: usize) {
         if num_spec_tokens > self.num_spec_tokens() {
-            let mut hist = vec![0; 2 * (num_spec_tokens + 1)];
-            let (accept, reach) = (self.accept_hist(), self.reach_hist());
-            hist[..accept.len()].copy_from_slice(accept);
-            hist[num_spec_tokens + 1..num_spec_tokens + 1 + reach.len()].copy_from_slice(reach);
+            let width = num_spec_tokens + 1;
+            let mut hist = vec![0; HISTOGRAMS * width];
+            for which in 0..HISTOGRAMS {
+                let old = self.histogram(which);
+                hist[which * width..which * width + old.len()].copy_from_slice(old);
+            }
             self.hist = hist.into_boxed_slice();
         }
     }
@@ -192,6 +217,7 @@ impl Figures {
             num_accepted_draft_tokens: self.accepted_draft_tokens,
             draft_acceptance_rate: ratio(self.accepted_draft_tokens, self.draft_tokens),
             accept_length_histogram: self.accept_hist().to_vec(),
+            draft_length_histogram: self.draft_length_histogram().to_vec(),
         }
     }
 }
@@ -277,6 +303,7 @@ mod tests {
         assert_eq!(m.accept_ratio_per_head, vec![0.0; 3]);
         assert_eq!(m.accepted_tokens_per_head, vec![0; 4]);
         assert_eq!(m.accept_length_histogram, vec![0; 4]);
+        assert_eq!(m.draft_length_histogram, vec![0; 4]);
         assert_eq!(
             (
                 m.accept_ratio,
@@ -313,5 +340,20 @@ mod tests {
             (acc, reach)
         );
         assert_eq!(small.accept_length_histogram(), &[0, 1, 1, 0]);
+        assert_eq!(small.draft_length_histogram(), &[0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn draft_lengths_are_counted_per_step_and_sum_to_the_steps() {
+        let mut f = Figures::new(4);
+        for (d, a) in [(4, 1), (0, 0), (2, 2), (4, 4), (0, 0)] {
+            f.record(d, a);
+        }
+        assert_eq!(f.draft_length_histogram(), &[2, 0, 1, 0, 2]);
+        assert_eq!(f.draft_length_histogram().iter().sum::<u64>(), f.steps());
+        let mut grown = Figures::new(2);
+        grown.record(1, 0);
+        grown.add(&f);
+        assert_eq!(grown.draft_length_histogram(), &[2, 1, 1, 0, 2]);
     }
 }
