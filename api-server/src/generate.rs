@@ -24,8 +24,12 @@ const ABORT_GRACE: Duration = Duration::from_secs(2);
 /// One step of a choice's progress.
 #[derive(Debug, Clone)]
 pub enum ChoiceUpdate {
-    Text { index: u32, text: String },
-    End(ChoiceEnd),
+    Text {
+        index: u32,
+        text: String,
+    },
+    /// Boxed: an end is rare next to text updates and carries the figures.
+    End(Box<ChoiceEnd>),
 }
 
 /// How a choice ended; `text` is the text not yet handed out.
@@ -124,7 +128,7 @@ impl ChoiceRun {
             let event = match tokio::time::timeout_at(deadline, self.handle.next()).await {
                 Ok(event) => event,
                 Err(_) if self.abort_deadline.is_some() => {
-                    return Ok(ChoiceUpdate::End(self.end(None, None)))
+                    return Ok(ChoiceUpdate::End(Box::new(self.end(None, None))))
                 }
                 Err(_) => {
                     return Err(ApiError::Timeout {
@@ -158,12 +162,12 @@ impl ChoiceRun {
                     if self.decoder.matched_stop().is_none() {
                         end.finish_reason = reason;
                     }
-                    return Ok(ChoiceUpdate::End(end));
+                    return Ok(ChoiceUpdate::End(Box::new(end)));
                 }
                 EngineEvent::Failed(failure) => {
                     if self.abort_deadline.is_some() {
                         // We already had our answer; the engine just could not confirm it.
-                        return Ok(ChoiceUpdate::End(self.end(None, None)));
+                        return Ok(ChoiceUpdate::End(Box::new(self.end(None, None))));
                     }
                     return Err(failure_error(failure));
                 }
@@ -202,7 +206,7 @@ impl ChoiceRun {
                 ChoiceUpdate::End(mut end) => {
                     text.push_str(&end.text);
                     end.text = String::new();
-                    return Ok((text, end));
+                    return Ok((text, *end));
                 }
             }
         }

@@ -75,41 +75,9 @@ struct Args {
     log_json: bool,
 }
 
-fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_tracing(args.log_json);
+    link::service::init_tracing(args.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -188,9 +156,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (signalled_tx, signalled_rx) = tokio::sync::watch::channel(false);
     let drain_engine = engine.clone();
     let graceful = async move {
-        shutdown_signal().await;
+        link::service::shutdown_signal().await;
         tracing::info!("shutdown requested; draining in-flight requests");
-        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        link::service::notify_stopping();
         drain_engine.stop_accepting();
         let _ = signalled_tx.send(true);
     };

@@ -121,7 +121,7 @@ where
             Some(Ok(update)) => {
                 let bytes = (st.format)(StreamItem::Update(&update));
                 if let ChoiceUpdate::End(end) = update {
-                    st.ends.push(end);
+                    st.ends.push(*end);
                 }
                 Some((Ok(bytes), st))
             }

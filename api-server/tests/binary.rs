@@ -169,7 +169,7 @@ async fn sigterm_grace_period_bounds_a_request_that_never_ends() {
     let _in_flight = tokio::spawn(async move {
         reqwest::Client::new()
             .post(url)
-            .json(&json!({"prompt": "Hi", "max_tokens": 5000}))
+            .json(&json!({"prompt": "Hi", "max_tokens": 2000}))
             .send()
             .await
     });

@@ -35,4 +35,11 @@ pub enum EngineError {
     UnsupportedTensorType { name: String, dtype: String },
     #[error("invalid model configuration: {0}")]
     InvalidConfig(String),
+    #[error(transparent)]
+    Link(#[from] link::LinkError),
+    #[error("cannot bind {endpoint}: {source}")]
+    Bind {
+        endpoint: String,
+        source: zeromq::ZmqError,
+    },
 }

@@ -16,6 +16,8 @@ use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
 use engine_worker::trace::TraceWriter;
+use link::service;
+use proto::worker_tp::MAX_SPEC_TOKENS;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LoadFormatArg {
@@ -111,16 +113,25 @@ struct Args {
     /// Seed of dummy weights.
     #[arg(long, env = "SPECULA_SEED", default_value_t = 0)]
     seed: u64,
+    /// Log format: `text` or `json` (JSON lines on stderr).
+    #[arg(long, env = "SPECULA_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
+    link::service::init_tracing(args.log_format == LogFormat::Json);
+    anyhow::ensure!(
+        args.num_spec_tokens <= MAX_SPEC_TOKENS as usize,
+        "--num-spec-tokens {} exceeds the largest K the token-processor accepts ({MAX_SPEC_TOKENS})",
+        args.num_spec_tokens
+    );
     anyhow::ensure!(
         args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
         "need 1 <= --ngram-min <= --ngram-max"
@@ -238,11 +249,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 has_token_bytes: engine.has_token_bytes(),
                 max_waiting: engine.config().max_waiting,
             }));
-            engine_status.set_ready(engine.backend().config().name.clone());
+            engine_status.set_ready(
+                engine.backend().config().name.clone(),
+                engine.config().max_model_len,
+            );
             // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
             engine_status.request_resync();
             let _ = loaded_tx.send(Ok(()));
-            let watchdog = std::env::var_os("NOTIFY_SOCKET").is_some();
+            let watchdog = link::service::Watchdog::from_env();
             run_step_loop(
                 engine,
                 StepLoopIo {
@@ -256,24 +270,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
             );
         })?;
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         loaded = loaded_rx => {
             loaded.unwrap_or_else(|_| Err(anyhow::anyhow!("step loop died while loading")))?;
         }
-        _ = sigterm.recv() => {
-            tracing::info!("SIGTERM while loading; exiting");
+        _ = service::shutdown_signal() => {
+            tracing::info!("stopped while loading; exiting");
             return Ok(());
         }
     }
     tracing::info!(worker_id = %status.worker_id, model = %status.hello().model, "ready");
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    service::notify_ready();
 
     tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        _ = service::shutdown_signal() => tracing::info!("draining"),
+        why = step_loop_failed(&status, &engine_thread) => {
+            // Heartbeats would stay green while nothing steps: exit so that systemd restarts us.
+            tracing::error!(reason = %why, "step loop failed; exiting");
+            anyhow::bail!("step loop failed: {why}");
+        }
     }
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    service::notify_stopping();
     status.start_draining();
     let _ = cmd_tx.send(EngineCommand::Drain {
         deadline: Instant::now() + drain,
@@ -290,6 +307,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
     tracing::info!("bye");
     Ok(())
+}
+
+/// How long the step loop may go without a turn before the worker gives up on it (a turn takes
+/// one step, or 20 ms when idle).
+const STEP_LOOP_STALL: Duration = Duration::from_secs(10);
+
+/// Resolves when the step loop thread ended (a panic: it only returns after a drain, which
+/// this process starts only after this future is dropped) or stopped turning.
+async fn step_loop_failed(status: &WorkerStatus, thread: &std::thread::JoinHandle<()>) -> String {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        if thread.is_finished() {
+            return "the step loop thread ended (panicked)".into();
+        }
+        let silence = status.step_loop_silence();
+        if silence > STEP_LOOP_STALL {
+            return format!("no step for {} ms", silence.as_millis());
+        }
+    }
 }
 
 fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {

@@ -91,5 +91,10 @@ pub enum RejectReason {
 pub enum WorkerToApi {
     Hello(WorkerHello),
     Heartbeat(Heartbeat),
-    Rejected { id: RequestId, reason: RejectReason },
+    Rejected {
+        id: RequestId,
+        reason: RejectReason,
+    },
+    /// The worker does not know the sender (forgot it, or restarted): say hello again.
+    AskHello,
 }

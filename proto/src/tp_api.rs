@@ -18,6 +18,9 @@ pub struct TpHello {
     pub protocol_version: u32,
     /// Changes on every token-processor start.
     pub epoch: u64,
+    /// The engine-workers whose step batches the token-processor takes now (said hello, were
+    /// admitted, not lost): an api-server routes only to these.
+    pub workers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,4 +66,6 @@ pub struct RequestOutput {
 pub enum TpToApi {
     Hello(TpHello),
     Outputs(Vec<RequestOutput>),
+    /// The token-processor does not know the sender (forgot it, or restarted): say hello again.
+    AskHello,
 }

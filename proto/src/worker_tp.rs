@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{FinishReason, ProtoError, RequestId};
 
+/// Largest K (`num_spec_tokens`) any process accepts: the token-processor's figures are O(K) per
+/// request and the step batch carries `d` as a byte. A worker with a larger K refuses to start.
+pub const MAX_SPEC_TOKENS: u32 = 64;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerHello {
     pub protocol_version: u32,
@@ -20,6 +24,9 @@ pub struct WorkerHello {
     pub ready: bool,
     /// Peers declare the worker dead after a few missed intervals.
     pub heartbeat_interval_ms: u32,
+    /// Most positions (prompt + output) of one request on this worker; 0 until the model is
+    /// loaded. The api-server validates against it and takes the default `max_tokens` from it.
+    pub max_model_len: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

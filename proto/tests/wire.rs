@@ -54,7 +54,10 @@ fn every_message_round_trips() {
     roundtrip(TpToApi::Hello(TpHello {
         protocol_version: PROTOCOL_VERSION,
         epoch: 1,
+        workers: vec!["worker-0".into()],
     }));
+    roundtrip(TpToApi::AskHello);
+    roundtrip(WorkerToApi::AskHello);
     roundtrip(TpToApi::Outputs(samples::outputs()));
 }
 

@@ -29,6 +29,7 @@ fn setup(rows: usize, k: u8) -> (Ingest, Synth) {
         proposer: "synthetic".into(),
         ready: true,
         heartbeat_interval_ms: 0,
+        max_model_len: 2048,
     };
     ingest.handle(WorkerToTp::Hello(hello), now, Instant::now(), &mut out);
     let resync = Resync {

@@ -2,13 +2,20 @@
 //! name; the outputs of a request go to the api-server named as its owner, one `Outputs` message
 //! per owner per batch. Outputs for an owner that is not connected are dropped and counted; a
 //! slow api-server costs at most [`SEND_TIMEOUT`] per message and never blocks ingest.
+//!
+//! Liveness is `link::liveness`'s rule: an api-server silent past the window is forgotten; a
+//! heartbeat from one we do not know (forgotten, or we restarted) is answered with
+//! [`TpToApi::AskHello`]. Our hello doubles as our heartbeat and lists the workers whose batches
+//! we take now, so an api-server routes only where outputs can come from.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use link::liveness::Heard;
+use link::{Liveness, Sweep, Sweeper};
 use proto::tp_api::{ApiToTp, TpHello, TpToApi};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ingest::OutputsByOwner;
@@ -17,9 +24,6 @@ use crate::tracker::{encode_outputs_message, merge_by_owner};
 
 /// Longest wait for one api-server's send queue.
 pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
-
-/// Heartbeat intervals an api-server may stay silent before it is forgotten.
-const MISSED_HEARTBEATS: u32 = 3;
 
 /// Api-servers seen recently and how to reach them.
 #[derive(Debug, Default)]
@@ -38,11 +42,13 @@ enum FromApi {
     Heartbeat { routing_id: Bytes, name: String },
 }
 
-/// Runs until `outputs` is closed and drained.
+/// Runs until `outputs` is closed and drained. `live_workers` is the ingest's list of workers
+/// alive now.
 pub async fn run(
     router: RouterSocket,
     mut outputs: mpsc::Receiver<OutputsByOwner>,
-    interval: Duration,
+    mut live_workers: watch::Receiver<Vec<String>>,
+    liveness: Liveness,
     tp_epoch: u64,
 ) {
     let (mut send, mut recv) = router.split();
@@ -89,19 +95,17 @@ pub async fn run(
         }
     });
 
-    let hello = match proto::encode(&TpToApi::Hello(TpHello {
-        protocol_version: proto::PROTOCOL_VERSION,
-        epoch: tp_epoch,
-    })) {
-        Ok(bytes) => Bytes::from(bytes),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot encode the token-processor hello");
-            return;
-        }
+    let Some(mut hello) = encode_hello(tp_epoch, live_workers.borrow_and_update().clone()) else {
+        return;
+    };
+    let Some(ask_hello) = proto::encode(&TpToApi::AskHello).ok().map(Bytes::from) else {
+        return;
     };
     let mut peers = ApiServers::default();
-    let mut tick = tokio::time::interval(interval);
+    let mut tick = tokio::time::interval(liveness.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweeper = Sweeper::new(liveness);
+    let mut workers_open = true;
     loop {
         tokio::select! {
             batch = outputs.recv() => {
@@ -136,24 +140,51 @@ pub async fn run(
                         metrics::set_api_servers_connected(peers.by_name.len());
                     }
                     Some(FromApi::Heartbeat { routing_id, name }) => {
-                        if let Some(peer) = peers.by_name.get_mut(&name) {
-                            if peer.routing_id == routing_id {
-                                peer.last_heard = Instant::now();
+                        let peer = peers.by_name.get_mut(&name).filter(|p| p.routing_id == routing_id);
+                        match Heard::of(peer.is_some()) {
+                            Heard::Known => {
+                                if let Some(peer) = peer {
+                                    peer.last_heard = Instant::now();
+                                }
+                            }
+                            Heard::AskHello => {
+                                tracing::info!(api_server = %name, "heartbeat from an api-server we do not know; asking for its hello");
+                                send_to(&mut send, &routing_id, ask_hello.clone()).await;
                             }
                         }
                     }
                     None => {}
                 }
             }
+            changed = live_workers.changed(), if workers_open => {
+                if changed.is_err() {
+                    workers_open = false; // ingest ended; outputs close next
+                    continue;
+                }
+                if let Some(fresh) = encode_hello(tp_epoch, live_workers.borrow_and_update().clone()) {
+                    hello = fresh;
+                }
+                // Api-servers learn at once which workers they may route to.
+                for peer in peers.by_name.values() {
+                    send_to(&mut send, &peer.routing_id, hello.clone()).await;
+                }
+            }
             _ = tick.tick() => {
-                let deadline = interval * MISSED_HEARTBEATS;
-                peers.by_name.retain(|name, peer| {
-                    let alive = peer.last_heard.elapsed() <= deadline;
-                    if !alive {
-                        tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
+                let now = Instant::now();
+                match sweeper.begin(now) {
+                    Sweep::Judge => peers.by_name.retain(|name, peer| {
+                        let alive = !liveness.is_silent(peer.last_heard, now);
+                        if !alive {
+                            tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
+                        }
+                        alive
+                    }),
+                    Sweep::Forgive { .. } => {
+                        for peer in peers.by_name.values_mut() {
+                            peer.last_heard = now;
+                        }
                     }
-                    alive
-                });
+                }
                 metrics::set_api_servers_connected(peers.by_name.len());
                 // The hello doubles as the token-processor's heartbeat.
                 for peer in peers.by_name.values() {
@@ -163,6 +194,22 @@ pub async fn run(
         }
     }
     receiver.abort();
+}
+
+/// Our hello (also our heartbeat), naming the workers alive now.
+fn encode_hello(tp_epoch: u64, workers: Vec<String>) -> Option<Bytes> {
+    let hello = TpToApi::Hello(TpHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        epoch: tp_epoch,
+        workers,
+    });
+    match proto::encode(&hello) {
+        Ok(bytes) => Some(Bytes::from(bytes)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode the token-processor hello");
+            None
+        }
+    }
 }
 
 /// Most outputs merged into one message when the forwarder is behind (well under the frame cap).

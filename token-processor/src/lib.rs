@@ -18,7 +18,6 @@ pub mod error;
 pub mod forward;
 pub mod http;
 pub mod ingest;
-pub mod ipc;
 pub mod memory;
 pub mod metrics;
 pub mod replay;

@@ -16,7 +16,9 @@ use clap::{Parser, Subcommand};
 use tokio::sync::{mpsc, watch};
 use zeromq::{PullSocket, RouterSocket, Socket};
 
-use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth};
+use link::service::{self, Watchdog};
+use link::Liveness;
+use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
 use token_processor::replay::{self, Batching, Trace};
 use token_processor::{forward, http, memory, metrics};
 
@@ -99,7 +101,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         None => {
-            init_tracing(&cli.serve.log_format);
+            service::init_tracing(cli.serve.log_format == "json");
             if let Err(e) = memory::disable_transparent_huge_pages() {
                 tracing::warn!(error = %e, "could not turn transparent huge pages off; batches may stall on 2 MiB page faults");
             }
@@ -132,19 +134,6 @@ fn return_idle_memory() {
     unsafe { libmimalloc_sys::mi_collect(false) };
 }
 
-fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let origin = Instant::now();
     let tp_epoch = SystemTime::now()
@@ -154,8 +143,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
 
     for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
-        token_processor::ipc::clear_stale_socket(endpoint)
-            .with_context(|| format!("preparing {endpoint}"))?;
+        link::ipc::clear_stale_socket(endpoint).with_context(|| format!("preparing {endpoint}"))?;
     }
     let mut pull = PullSocket::new();
     pull.bind(&args.ingest_endpoint)
@@ -174,23 +162,30 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let health = Arc::new(IngestHealth::new(origin));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
-    let interval = Duration::from_millis(args.heartbeat_interval_ms.max(1));
-    let forwarder = tokio::spawn(forward::run(router, forward_rx, interval, tp_epoch));
+    let liveness = Liveness::new(Duration::from_millis(args.heartbeat_interval_ms));
+    let (live_workers_tx, live_workers_rx) = watch::channel(Vec::new());
+    let forwarder = tokio::spawn(forward::run(
+        router,
+        forward_rx,
+        live_workers_rx,
+        liveness,
+        tp_epoch,
+    ));
 
-    let mut watchdog_usec = 0;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut watchdog_usec);
     let config = IngestConfig {
         max_requests_per_worker: args.max_requests,
         max_workers: args.max_workers,
-        ..IngestConfig::default()
     };
     let ingest_task = tokio::spawn(ingest::run(
         pull,
         Ingest::new(config),
-        forward_tx,
-        health.clone(),
-        shutdown_rx.clone(),
-        watchdog,
+        IngestIo {
+            forward: forward_tx,
+            health: health.clone(),
+            live_workers: live_workers_tx,
+            shutdown: shutdown_rx.clone(),
+            watchdog: Watchdog::from_env(),
+        },
     ));
 
     let upkeep_handle = prometheus.clone();
@@ -214,11 +209,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     tracing::info!(ingest = %args.ingest_endpoint, api = %args.api_endpoint, http = %addr, "token-processor ready");
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    service::notify_ready();
 
-    wait_for_signal().await;
+    service::shutdown_signal().await;
     tracing::info!("shutting down: stopping ingest, flushing outputs");
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    service::notify_stopping();
     let _ = shutdown_tx.send(true);
     let bound = Duration::from_millis(args.shutdown_timeout_ms);
     let drained = tokio::time::timeout(bound, async {
@@ -240,19 +235,4 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     upkeep.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the process");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }

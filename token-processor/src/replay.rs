@@ -336,6 +336,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
             proposer: "replay".into(),
             ready: true,
             heartbeat_interval_ms: 0,
+            max_model_len: 2048,
         }),
         now,
         Instant::now(),

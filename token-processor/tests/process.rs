@@ -124,6 +124,14 @@ impl FakeApi {
                                 }
                             }
                             TpToApi::Hello(_) => {}
+                            TpToApi::AskHello => {
+                                let hello = ApiToTp::Hello(ApiHello {
+                                    protocol_version: proto::PROTOCOL_VERSION,
+                                    api_server_id: name.into(),
+                                    epoch: 1,
+                                });
+                                send(&mut api, &hello).await;
+                            }
                         }
                     }
                 }
@@ -201,6 +209,7 @@ impl FakeWorker {
             proposer: "ngram".into(),
             ready: true,
             heartbeat_interval_ms: HEARTBEAT_MS,
+            max_model_len: 2048,
         };
         send(&mut socket, &WorkerToTp::Hello(hello)).await;
         let resync = Resync {

@@ -43,6 +43,7 @@ impl SimWorker {
             proposer: "ngram".into(),
             ready: true,
             heartbeat_interval_ms: 500,
+            max_model_len: 2048,
         })
     }
 }

@@ -2,176 +2,25 @@
 //! [`RequestHandle`] that yields the request's outputs and aborts it when dropped, and fails
 //! in-flight requests when their worker or the token-processor is declared dead.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use proto::api_worker::{
-    Abort, AddRequest, ApiToWorker, SamplingParams, StopConditions, WorkerToApi,
-};
-use proto::tp_api::TpToApi;
+use proto::api_worker::{AddRequest, ApiToWorker, SamplingParams, StopConditions};
 use proto::RequestId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::ids::IdAllocator;
-use super::peers::{least_loaded, TpPeer, WorkerPeer};
-use super::registry::{Dispatch, Registry, REQUEST_CHANNEL_CAPACITY};
+use super::peers::least_loaded;
+use super::registry::REQUEST_CHANNEL_CAPACITY;
+use super::shared::{lock, Shared};
 use super::{links, EngineConfig, EngineEvent, EngineFailure};
 use crate::error::ApiError;
 
 /// Frames queued per worker link (requests and aborts) while it sends or reconnects.
 const WORKER_QUEUE: usize = 4096;
-/// How often liveness is checked.
-const WATCHDOG_PERIOD: Duration = Duration::from_millis(100);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves consistent data (no multi-step updates
-    // span a panic point), so poisoning is not fatal.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(crate) struct Shared {
-    pub config: EngineConfig,
-    /// Changes on every process start.
-    pub epoch: u64,
-    ids: IdAllocator,
-    registry: Mutex<Registry>,
-    workers: Mutex<Vec<WorkerPeer>>,
-    tp: Mutex<TpPeer>,
-    worker_tx: Vec<mpsc::Sender<ApiToWorker>>,
-    accepting: AtomicBool,
-    watchdog_ticks: AtomicU64,
-}
-
-impl Shared {
-    fn send_abort(&self, worker: usize, id: RequestId) {
-        if let Some(tx) = self.worker_tx.get(worker) {
-            // A full queue means the link is down; the worker drops our requests on its own
-            // when it stops hearing from us.
-            let _ = tx.try_send(ApiToWorker::Abort(Abort { id }));
-        }
-    }
-
-    pub(crate) fn set_worker_connected(&self, worker: usize, connected: bool) {
-        if let Some(w) = lock(&self.workers).get_mut(worker) {
-            w.connected = connected;
-        }
-    }
-
-    pub(crate) fn set_tp_connected(&self, connected: bool) {
-        lock(&self.tp).connected = connected;
-    }
-
-    pub(crate) fn on_worker_frame(&self, worker: usize, frame: &[u8]) {
-        let msg = match proto::decode::<WorkerToApi>(frame) {
-            Ok(msg) => msg,
-            Err(e) => {
-                tracing::warn!(worker, error = %e, "undecodable frame from engine-worker");
-                return;
-            }
-        };
-        let now = Instant::now();
-        match msg {
-            WorkerToApi::Hello(hello) => {
-                if let Err(e) = proto::check_version(&hello.worker_id, hello.protocol_version) {
-                    tracing::error!(worker, error = %e, "engine-worker speaks another protocol");
-                    return;
-                }
-                tracing::info!(
-                    worker, worker_id = %hello.worker_id, epoch = hello.epoch,
-                    num_spec_tokens = hello.num_spec_tokens, ready = hello.ready,
-                    "engine-worker said hello"
-                );
-                let restarted = lock(&self.workers)[worker].on_hello(hello, now);
-                if restarted {
-                    let lost =
-                        lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
-                    tracing::warn!(worker, requests = lost.len(), "engine-worker restarted");
-                }
-            }
-            WorkerToApi::Heartbeat(hb) => lock(&self.workers)[worker].on_heartbeat(&hb, now),
-            WorkerToApi::Rejected { id, reason } => {
-                tracing::debug!(request_id = id, ?reason, "engine-worker rejected request");
-                lock(&self.registry).fail(id, EngineFailure::Rejected(reason));
-            }
-        }
-    }
-
-    pub(crate) fn on_tp_frame(&self, frame: &[u8]) {
-        let msg = match proto::decode::<TpToApi>(frame) {
-            Ok(msg) => msg,
-            Err(e) => {
-                tracing::warn!(error = %e, "undecodable frame from token-processor");
-                return;
-            }
-        };
-        match msg {
-            TpToApi::Hello(hello) => {
-                if let Err(e) = proto::check_version("token-processor", hello.protocol_version) {
-                    tracing::error!(error = %e, "token-processor speaks another protocol");
-                    return;
-                }
-                let mut tp = lock(&self.tp);
-                if !tp.alive || tp.hello.as_ref().is_some_and(|h| h.epoch != hello.epoch) {
-                    tracing::info!(epoch = hello.epoch, "token-processor said hello");
-                }
-                tp.on_hello(hello, Instant::now());
-            }
-            TpToApi::Outputs(outputs) => {
-                {
-                    let mut tp = lock(&self.tp);
-                    if tp.alive {
-                        tp.last_heard = Some(Instant::now());
-                    }
-                }
-                let mut dropped = Vec::new();
-                {
-                    let mut registry = lock(&self.registry);
-                    for out in outputs {
-                        let id = out.id;
-                        if let Dispatch::Dropped { worker } = registry.dispatch(out) {
-                            dropped.push((worker, id));
-                        }
-                    }
-                }
-                if !dropped.is_empty() {
-                    tracing::warn!(
-                        requests = dropped.len(),
-                        "readers fell behind; requests aborted"
-                    );
-                }
-                for (worker, id) in dropped {
-                    tracing::debug!(request_id = id, "reader fell behind; aborting");
-                    self.send_abort(worker, id);
-                }
-            }
-        }
-    }
-
-    /// One liveness pass: declares silent peers dead and fails their requests.
-    fn check_liveness(&self) {
-        let now = Instant::now();
-        let dead: Vec<usize> = lock(&self.workers)
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, w)| w.check_liveness(now).then_some(i))
-            .collect();
-        for worker in dead {
-            let lost = lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
-            tracing::warn!(worker, requests = lost.len(), "engine-worker declared dead");
-        }
-        if lock(&self.tp).check_liveness(now) {
-            let lost = lock(&self.registry).fail_all(None, EngineFailure::TokenProcessorLost);
-            tracing::warn!(requests = lost.len(), "token-processor declared dead");
-            // Their outputs can no longer reach us: stop the work.
-            for (id, worker) in lost {
-                self.send_abort(worker, id);
-            }
-        }
-        self.watchdog_ticks.fetch_add(1, Ordering::Relaxed);
-    }
-}
+/// How often liveness is checked (the api-server's main loop; it feeds the watchdog).
+const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 
 /// One engine request to submit.
 #[derive(Debug, Clone)]
@@ -200,27 +49,7 @@ impl EngineClient {
             worker_tx.push(tx);
             worker_rx.push(rx);
         }
-        let shared = Arc::new(Shared {
-            epoch: rand::random::<u64>() >> 1,
-            ids: IdAllocator::random(),
-            registry: Mutex::new(Registry::new(
-                config.worker_endpoints.len(),
-                config.max_in_flight,
-            )),
-            workers: Mutex::new(
-                config
-                    .worker_endpoints
-                    .iter()
-                    .cloned()
-                    .map(WorkerPeer::new)
-                    .collect(),
-            ),
-            tp: Mutex::new(TpPeer::new(config.heartbeat_interval)),
-            worker_tx,
-            accepting: AtomicBool::new(true),
-            watchdog_ticks: AtomicU64::new(0),
-            config,
-        });
+        let shared = Arc::new(Shared::new(config, worker_tx));
         let (shutdown, _) = watch::channel(false);
         let mut tasks = Vec::new();
         for (i, rx) in worker_rx.into_iter().enumerate() {
@@ -240,7 +69,7 @@ impl EngineClient {
         let watchdog_shared = Arc::clone(&shared);
         let mut stop = shutdown.subscribe();
         tasks.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(WATCHDOG_PERIOD);
+            let mut tick = tokio::time::interval(LIVENESS_PERIOD);
             loop {
                 tokio::select! {
                     _ = tick.tick() => watchdog_shared.check_liveness(),
@@ -255,28 +84,15 @@ impl EngineClient {
         }
     }
 
-    /// `Ok` when requests can be served now; otherwise why not.
+    /// `Ok` when a request could complete now: a worker is routable, the token-processor
+    /// takes its step batches, and the token-processor's outputs reach us. Otherwise why not.
     pub fn readiness(&self) -> Result<(), String> {
-        if !self.shared.accepting.load(Ordering::Relaxed) {
-            return Err("shutting down".into());
-        }
-        if !lock(&self.shared.tp).alive {
-            return Err("token-processor has not said hello recently".into());
-        }
-        let workers = lock(&self.shared.workers);
-        if !workers.iter().any(WorkerPeer::routable) {
-            let alive = workers.iter().filter(|w| w.alive).count();
-            return Err(format!(
-                "no live engine-worker accepts requests ({alive} of {} alive)",
-                workers.len()
-            ));
-        }
-        Ok(())
+        self.shared.readiness()
     }
 
-    /// Liveness passes so far; a watchdog notifier checks it moves.
-    pub fn watchdog_ticks(&self) -> u64 {
-        self.shared.watchdog_ticks.load(Ordering::Relaxed)
+    /// The context length of the workers requests go to (None before any is servable).
+    pub fn max_model_len(&self) -> Option<u32> {
+        self.shared.max_model_len()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -336,8 +152,9 @@ impl EngineClient {
         let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
         let (worker, speculative) = {
             let mut registry = lock(&shared.registry);
+            let tp = lock(&shared.tp);
             let workers = lock(&shared.workers);
-            let worker = least_loaded(&workers, |i| registry.in_flight_on(i))
+            let worker = least_loaded(&workers, &tp, |i| registry.in_flight_on(i))
                 .ok_or_else(|| ApiError::unavailable("no engine worker is available"))?;
             if !registry.insert(id, worker, tx) {
                 return Err(ApiError::Overloaded {

@@ -1,25 +1,23 @@
 //! The ZeroMQ links: one DEALER per engine-worker and one to the token-processor. The zeromq
-//! crate does not reconnect DEALER sockets, so each link owns its loop: connect (with backoff),
+//! crate does not reconnect DEALER sockets, so each link runs `link::connect`'s loop: connect,
 //! say hello, then send queued frames and heartbeats and hand received frames to [`Shared`]
-//! until the peer disconnects; then start over with a fresh socket.
+//! until the peer disconnects; then start over with a fresh socket. While the peer is not alive
+//! for us, our heartbeat is a hello (which the peer answers with its own), and a peer that asks
+//! for our hello gets it at once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use link::connect::{connect, Connected};
+use link::Backoff;
 use proto::api_worker::{ApiHello, ApiToWorker};
 use proto::tp_api::ApiToTp;
 use tokio::sync::{mpsc, watch};
-use zeromq::{
-    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, ZmqMessage,
-};
+use zeromq::{DealerSocket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
-use super::client::Shared;
+use super::shared::{Reply, Shared};
 
-const BACKOFF_START: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// One connect attempt; the loop retries after it.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on one send, so a stuck peer cannot stall the link.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -66,10 +64,26 @@ impl Peer {
         }
     }
 
-    fn on_frame(self, shared: &Shared, frame: &[u8]) {
+    fn on_frame(self, shared: &Shared, frame: &[u8]) -> Reply {
         match self {
             Peer::Worker(i) => shared.on_worker_frame(i, frame),
             Peer::TokenProcessor => shared.on_tp_frame(frame),
+        }
+    }
+
+    fn alive(self, shared: &Shared) -> bool {
+        match self {
+            Peer::Worker(i) => shared.worker_alive(i),
+            Peer::TokenProcessor => shared.tp_alive(),
+        }
+    }
+
+    /// Our heartbeat, or our hello while the peer is not alive for us.
+    fn beat(self, shared: &Shared) -> Vec<u8> {
+        if self.alive(shared) {
+            self.heartbeat(shared)
+        } else {
+            self.hello(shared)
         }
     }
 }
@@ -124,30 +138,18 @@ async fn run_link(
     mut outbound: Option<mpsc::Receiver<ApiToWorker>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::default();
     loop {
         if *shutdown.borrow() {
             break;
         }
-        let mut options = SocketOptions::default();
-        options.connect_timeout(CONNECT_TIMEOUT);
-        let mut socket = DealerSocket::with_options(options);
-        let monitor = socket.monitor();
         let connected = tokio::select! {
-            r = socket.connect(&endpoint) => r,
+            c = connect::<DealerSocket>(&endpoint, &mut backoff, || true) => c,
             _ = shutdown.changed() => break,
         };
-        if let Err(e) = connected {
-            tracing::debug!(?peer, %endpoint, error = %e, "connect failed; retrying");
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                _ = shutdown.changed() => break,
-            }
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-            continue;
-        }
-        backoff = BACKOFF_START;
-        tracing::info!(?peer, %endpoint, "connected");
+        let Some(Connected { socket, monitor }) = connected else {
+            break;
+        };
         peer.set_connected(&shared, true);
         let end = session(&shared, peer, socket, monitor, &mut outbound, &mut shutdown).await;
         peer.set_connected(&shared, false);
@@ -156,7 +158,7 @@ async fn run_link(
             SessionEnd::Reconnect => {
                 tracing::warn!(?peer, %endpoint, "disconnected; reconnecting");
                 tokio::select! {
-                    _ = tokio::time::sleep(BACKOFF_START) => {}
+                    _ = tokio::time::sleep(Backoff::MIN) => {}
                     _ = shutdown.changed() => break,
                 }
             }
@@ -177,14 +179,15 @@ async fn session(
     if send(&mut tx, peer.hello(shared)).await.is_err() {
         return SessionEnd::Reconnect;
     }
-    let mut heartbeat = tokio::time::interval(shared.config.heartbeat_interval);
+    let mut heartbeat = tokio::time::interval(shared.config.liveness.interval);
     heartbeat.tick().await;
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
                 Ok(msg) => {
-                    if let Some(frame) = msg.get(0) {
-                        peer.on_frame(shared, frame);
+                    let reply = msg.get(0).map_or(Reply::Nothing, |frame| peer.on_frame(shared, frame));
+                    if reply == Reply::Hello && send(&mut tx, peer.hello(shared)).await.is_err() {
+                        return SessionEnd::Reconnect;
                     }
                 }
                 Err(e) => {
@@ -212,7 +215,7 @@ async fn session(
                 }
             }
             _ = heartbeat.tick() => {
-                if send(&mut tx, peer.heartbeat(shared)).await.is_err() {
+                if send(&mut tx, peer.beat(shared)).await.is_err() {
                     return SessionEnd::Reconnect;
                 }
             }

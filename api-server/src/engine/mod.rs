@@ -1,14 +1,17 @@
 //! The engine client: ZeroMQ links to every engine-worker and to the token-processor
-//! ([`links`]), the peers' liveness ([`peers`]), in-flight requests and their output channels
-//! ([`registry`]), and the handle a route holds for one engine request ([`client`]).
+//! ([`links`], which only move frames), what each frame does ([`shared`]), the peers' liveness
+//! ([`peers`]), in-flight requests and their output channels ([`registry`]), and the handle a
+//! route holds for one engine request ([`client`]). Imports go one way:
+//! client → links → shared → peers, registry.
 
 pub mod client;
 pub mod ids;
 pub mod links;
 pub mod peers;
 pub mod registry;
+pub(crate) mod shared;
 
-use std::time::Duration;
+use link::Liveness;
 
 use proto::api_worker::RejectReason;
 use proto::tp_api::Usage as EngineUsage;
@@ -22,8 +25,8 @@ pub struct EngineConfig {
     pub worker_endpoints: Vec<String>,
     pub tp_endpoint: String,
     pub api_server_id: String,
-    /// Our heartbeat period, also the token-processor's expected hello period.
-    pub heartbeat_interval: Duration,
+    /// Our heartbeat period and the liveness rule, also for the token-processor's hellos.
+    pub liveness: Liveness,
     /// Most engine requests in flight at once; more get a 429.
     pub max_in_flight: usize,
 }
@@ -34,7 +37,7 @@ impl EngineConfig {
             worker_endpoints,
             tp_endpoint,
             api_server_id,
-            heartbeat_interval: Duration::from_millis(500),
+            liveness: Liveness::default(),
             max_in_flight: 4096,
         }
     }

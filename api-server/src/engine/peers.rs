@@ -1,14 +1,14 @@
 //! What this api-server knows about its peers: each engine-worker's hello, heartbeats and
-//! liveness, and the token-processor's. A peer is alive from its hello until it stays silent for
-//! [`MISSED_INTERVALS`] heartbeat intervals or says hello with a new epoch.
+//! liveness, and the token-processor's. Liveness is `link::liveness`'s rule: a peer is alive
+//! from its hello until it stays silent past the window or says hello with a new epoch; a
+//! message from a peer declared dead is answered with our hello (which asks for theirs).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use link::liveness::Heard;
+use link::Liveness;
 use proto::tp_api::TpHello;
 use proto::worker_tp::{Heartbeat, WorkerHello};
-
-/// Heartbeat intervals of silence after which a peer is declared dead.
-pub const MISSED_INTERVALS: u32 = 3;
 
 #[derive(Debug, Clone)]
 pub struct WorkerPeer {
@@ -36,7 +36,8 @@ impl WorkerPeer {
         }
     }
 
-    /// Can take a new request now.
+    /// Can take a new request now, as far as the worker itself goes (the token-processor must
+    /// also take its batches: [`TpPeer::takes_batches_of`]).
     pub fn routable(&self) -> bool {
         self.alive
             && self.connected
@@ -44,12 +45,20 @@ impl WorkerPeer {
             && self.hello.as_ref().is_some_and(|h| h.ready)
     }
 
-    fn window(&self) -> Duration {
-        let ms = self
-            .hello
+    pub fn worker_id(&self) -> Option<&str> {
+        self.hello.as_ref().map(|h| h.worker_id.as_str())
+    }
+
+    /// Most positions of one request on this worker (None before its ready hello).
+    pub fn max_model_len(&self) -> Option<u32> {
+        self.hello
             .as_ref()
-            .map_or(500, |h| h.heartbeat_interval_ms.max(1));
-        Duration::from_millis(u64::from(ms)) * MISSED_INTERVALS
+            .filter(|h| h.ready && h.max_model_len > 0)
+            .map(|h| h.max_model_len)
+    }
+
+    fn liveness(&self) -> Liveness {
+        Liveness::from_peer_interval_ms(self.hello.as_ref().map_or(0, |h| h.heartbeat_interval_ms))
     }
 
     /// Records a hello; returns true when it shows a restart (new epoch), whose requests are
@@ -66,13 +75,22 @@ impl WorkerPeer {
         restarted
     }
 
-    pub fn on_heartbeat(&mut self, hb: &Heartbeat, now: Instant) {
-        // A heartbeat from another epoch than the hello's is stale (or the hello is still
-        // coming); only the hello makes a worker alive.
-        if self.hello.as_ref().is_some_and(|h| h.epoch == hb.epoch) {
+    /// A heartbeat counts only from a live worker of the hello's epoch; anything else (declared
+    /// dead, another epoch) asks for a hello, and only the hello makes a worker alive.
+    pub fn on_heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Heard {
+        let current = self.alive && self.hello.as_ref().is_some_and(|h| h.epoch == hb.epoch);
+        if current {
             self.last_heard = Some(now);
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
+        }
+        Heard::of(current)
+    }
+
+    /// This process was paused: the silence is ours, the clock restarts now.
+    pub fn forgive(&mut self, now: Instant) {
+        if self.alive {
+            self.last_heard = Some(now);
         }
     }
 
@@ -80,7 +98,7 @@ impl WorkerPeer {
     pub fn check_liveness(&mut self, now: Instant) -> bool {
         let silent = self
             .last_heard
-            .is_none_or(|t| now.duration_since(t) > self.window());
+            .is_none_or(|t| self.liveness().is_silent(t, now));
         if self.alive && silent {
             self.alive = false;
             return true;
@@ -95,18 +113,18 @@ pub struct TpPeer {
     pub connected: bool,
     pub alive: bool,
     pub last_heard: Option<Instant>,
-    /// The TP re-sends its hello every interval; this is the interval we expect.
-    pub interval: Duration,
+    /// The TP re-sends its hello every interval (it is its heartbeat); the rule we expect.
+    pub liveness: Liveness,
 }
 
 impl TpPeer {
-    pub fn new(interval: Duration) -> Self {
+    pub fn new(liveness: Liveness) -> Self {
         Self {
             hello: None,
             connected: false,
             alive: false,
             last_heard: None,
-            interval,
+            liveness,
         }
     }
 
@@ -116,12 +134,37 @@ impl TpPeer {
         self.last_heard = Some(now);
     }
 
+    /// Outputs count as a sign of life only from a live token-processor; from one declared dead
+    /// they ask for its hello.
+    pub fn on_outputs(&mut self, now: Instant) -> Heard {
+        if self.alive {
+            self.last_heard = Some(now);
+        }
+        Heard::of(self.alive)
+    }
+
+    /// The token-processor, alive, takes the step batches of `worker_id` (its hello lists the
+    /// workers it admitted): only then can a request routed there produce output.
+    pub fn takes_batches_of(&self, worker_id: &str) -> bool {
+        self.alive
+            && self
+                .hello
+                .as_ref()
+                .is_some_and(|h| h.workers.iter().any(|w| w == worker_id))
+    }
+
+    /// This process was paused: the silence is ours, the clock restarts now.
+    pub fn forgive(&mut self, now: Instant) {
+        if self.alive {
+            self.last_heard = Some(now);
+        }
+    }
+
     /// Declares the token-processor dead if silent too long; true on the transition.
     pub fn check_liveness(&mut self, now: Instant) -> bool {
-        let window = self.interval * MISSED_INTERVALS;
         let silent = self
             .last_heard
-            .is_none_or(|t| now.duration_since(t) > window);
+            .is_none_or(|t| self.liveness.is_silent(t, now));
         if self.alive && silent {
             self.alive = false;
             return true;
@@ -130,19 +173,31 @@ impl TpPeer {
     }
 }
 
-/// Index of the routable worker with the least load, counting this server's in-flight requests
+/// The worker can take a request whose output will reach us: routable itself, and its step
+/// batches taken by the token-processor.
+pub fn servable(worker: &WorkerPeer, tp: &TpPeer) -> bool {
+    worker.routable() && worker.worker_id().is_some_and(|id| tp.takes_batches_of(id))
+}
+
+/// Index of the servable worker with the least load, counting this server's in-flight requests
 /// first (they are exact) and the worker's reported queue second.
-pub fn least_loaded(workers: &[WorkerPeer], in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+pub fn least_loaded(
+    workers: &[WorkerPeer],
+    tp: &TpPeer,
+    in_flight: impl Fn(usize) -> u32,
+) -> Option<usize> {
     workers
         .iter()
         .enumerate()
-        .filter(|(_, w)| w.routable())
+        .filter(|(_, w)| servable(w, tp))
         .min_by_key(|(i, w)| (in_flight(*i), w.reported_load))
         .map(|(i, _)| i)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn hello(epoch: u64, ready: bool) -> WorkerHello {
@@ -155,7 +210,32 @@ mod tests {
             proposer: "ngram".into(),
             ready,
             heartbeat_interval_ms: 100,
+            max_model_len: 2048,
         }
+    }
+
+    fn heartbeat(epoch: u64, accepting: bool) -> Heartbeat {
+        Heartbeat {
+            worker_id: "w".into(),
+            epoch,
+            next_seq: 0,
+            running: 1,
+            waiting: 0,
+            accepting,
+        }
+    }
+
+    fn tp_taking(workers: &[&str], now: Instant) -> TpPeer {
+        let mut tp = TpPeer::new(Liveness::new(Duration::from_millis(100)));
+        tp.on_hello(
+            TpHello {
+                protocol_version: proto::PROTOCOL_VERSION,
+                epoch: 1,
+                workers: workers.iter().map(|w| w.to_string()).collect(),
+            },
+            now,
+        );
+        tp
     }
 
     #[test]
@@ -173,18 +253,54 @@ mod tests {
             w.on_hello(hello(2, true), t0 + Duration::from_millis(400)),
             "new epoch"
         );
-        w.on_heartbeat(
-            &Heartbeat {
-                worker_id: "w".into(),
-                epoch: 2,
-                next_seq: 0,
-                running: 1,
-                waiting: 0,
-                accepting: false,
-            },
-            t0 + Duration::from_millis(450),
-        );
+        w.on_heartbeat(&heartbeat(2, false), t0 + Duration::from_millis(450));
         assert!(!w.routable(), "draining");
+    }
+
+    #[test]
+    fn a_dead_or_other_epoch_worker_is_asked_for_a_hello() {
+        let t0 = Instant::now();
+        let mut w = WorkerPeer::new("tcp://x".into());
+        w.connected = true;
+        w.on_hello(hello(1, true), t0);
+        assert_eq!(w.on_heartbeat(&heartbeat(1, true), t0), Heard::Known);
+        assert_eq!(w.on_heartbeat(&heartbeat(2, true), t0), Heard::AskHello);
+        assert!(w.check_liveness(t0 + Duration::from_secs(1)));
+        assert_eq!(
+            w.on_heartbeat(&heartbeat(1, true), t0 + Duration::from_secs(1)),
+            Heard::AskHello,
+            "declared dead: its heartbeats do not revive it, its hello does"
+        );
+        assert!(!w.routable());
+        w.on_hello(hello(1, true), t0 + Duration::from_secs(1));
+        assert!(w.routable());
+    }
+
+    #[test]
+    fn a_paused_server_forgives_its_peers() {
+        let t0 = Instant::now();
+        let mut w = WorkerPeer::new("tcp://x".into());
+        w.on_hello(hello(1, true), t0);
+        let mut tp = tp_taking(&["w"], t0);
+        let resumed = t0 + Duration::from_secs(3);
+        w.forgive(resumed);
+        tp.forgive(resumed);
+        assert!(!w.check_liveness(resumed + Duration::from_millis(100)));
+        assert!(!tp.check_liveness(resumed + Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn only_workers_the_token_processor_takes_are_servable() {
+        let t0 = Instant::now();
+        let mut w = WorkerPeer::new("tcp://x".into());
+        w.connected = true;
+        w.on_hello(hello(1, true), t0);
+        assert!(servable(&w, &tp_taking(&["w"], t0)));
+        assert!(!servable(&w, &tp_taking(&["other"], t0)));
+        let mut dead_tp = tp_taking(&["w"], t0);
+        assert!(dead_tp.check_liveness(t0 + Duration::from_secs(1)));
+        assert!(!servable(&w, &dead_tp));
+        assert_eq!(w.max_model_len(), Some(2048));
     }
 
     #[test]
@@ -198,23 +314,25 @@ mod tests {
             w.on_hello(hello(1, true), t0);
         }
         let counts = [3, 1, 0];
+        let tp = tp_taking(&["w"], t0);
         assert_eq!(
-            least_loaded(&[a.clone(), b.clone(), c.clone()], |i| counts[i]),
+            least_loaded(&[a.clone(), b.clone(), c.clone()], &tp, |i| counts[i]),
             Some(1)
         );
         b.connected = false;
-        assert_eq!(least_loaded(&[a, b, c], |i| counts[i]), Some(0));
+        assert_eq!(least_loaded(&[a, b, c], &tp, |i| counts[i]), Some(0));
     }
 
     #[test]
     fn token_processor_dies_after_three_silent_intervals() {
         let t0 = Instant::now();
-        let mut tp = TpPeer::new(Duration::from_millis(100));
+        let mut tp = TpPeer::new(Liveness::new(Duration::from_millis(100)));
         assert!(!tp.check_liveness(t0), "never alive, so no transition");
         tp.on_hello(
             TpHello {
                 protocol_version: 1,
                 epoch: 1,
+                workers: vec![],
             },
             t0,
         );

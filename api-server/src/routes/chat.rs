@@ -29,12 +29,8 @@ pub async fn handle(
     let req: ChatCompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
     check_model(req.model.as_deref(), &state.model_names)?;
     let tokenizer = &state.model.tokenizer;
-    let prompt = chat_prompt(
-        &req,
-        state.model.chat_template.as_ref(),
-        tokenizer,
-        &state.limits,
-    )?;
+    let limits = state.limits();
+    let prompt = chat_prompt(&req, state.model.chat_template.as_ref(), tokenizer, &limits)?;
     // `max_completion_tokens` is the newer name; it wins when both are given.
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let spec = generate_spec(
@@ -43,7 +39,7 @@ pub async fn handle(
         max_tokens,
         DefaultMaxTokens::RestOfContext,
         tokenizer,
-        &state.limits,
+        &limits,
     )?;
     let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout)?;
     let id = response_id("chatcmpl");

@@ -49,14 +49,15 @@ pub async fn handle(
     check_model(req.model.as_deref(), &state.model_names)?;
     unsupported_fields(&req)?;
     let tokenizer = &state.model.tokenizer;
-    let prompts = completion_prompts(&req.prompt, tokenizer, &state.limits)?;
+    let limits = state.limits();
+    let prompts = completion_prompts(&req.prompt, tokenizer, &limits)?;
     let spec = generate_spec(
         prompts,
         &req.sampling,
         req.sampling.max_tokens,
         DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
         tokenizer,
-        &state.limits,
+        &limits,
     )?;
     let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout)?;
     let id = response_id("cmpl");

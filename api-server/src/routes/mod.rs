@@ -30,6 +30,7 @@ pub struct AppState {
     pub model_names: Arc<[String]>,
     /// Where the model came from (`root` in `/v1/models`).
     pub model_root: Arc<str>,
+    /// Caps; `max_model_len` is the configured upper bound (see [`AppState::limits`]).
     pub limits: Arc<Limits>,
     pub engine: EngineClient,
     pub request_timeout: Duration,
@@ -38,6 +39,21 @@ pub struct AppState {
     pub started_unix: u64,
     /// Activity of the generation routes, for trimming the heap once idle.
     pub idle_trim: Arc<IdleTrim>,
+}
+
+impl AppState {
+    /// The caps a request is checked against now: the context length is the workers' (what
+    /// the worker a request lands on accepts), never above the configured one.
+    pub fn limits(&self) -> Limits {
+        let configured = self.limits.max_model_len;
+        Limits {
+            max_model_len: self
+                .engine
+                .max_model_len()
+                .map_or(configured, |workers| workers.min(configured)),
+            ..Limits::clone(&self.limits)
+        }
+    }
 }
 
 async fn not_found(request: Request) -> ApiError {

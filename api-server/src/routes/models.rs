@@ -16,7 +16,7 @@ pub async fn handle(State(state): State<AppState>) -> Json<ModelList> {
             owned_by: "specula",
             root: state.model_root.to_string(),
             parent: None,
-            max_model_len: state.limits.max_model_len,
+            max_model_len: state.limits().max_model_len,
         }],
     })
 }

@@ -62,7 +62,7 @@ pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
 
 pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> EngineConfig {
     let mut cfg = EngineConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
-    cfg.heartbeat_interval = INTERVAL;
+    cfg.liveness = link::Liveness::new(INTERVAL);
     cfg
 }
 
@@ -218,61 +218,62 @@ async fn run_worker(
     let mut tick = tokio::time::interval(INTERVAL);
     loop {
         tokio::select! {
-            msg = rx.recv() => {
-                let Ok(msg) = msg else { return };
-                let (Some(identity), Some(frame)) = (msg.get(0).cloned(), msg.get(1)) else { continue };
-                match proto::decode::<ApiToWorker>(frame).unwrap() {
-                    ApiToWorker::Hello(_) => {
-                        let hello = WorkerToApi::Hello(WorkerHello {
-                            protocol_version: proto::PROTOCOL_VERSION,
-                            worker_id: "fake-worker".into(),
-                            epoch: 7,
-                            model: "fake".into(),
-                            num_spec_tokens,
-                            proposer: "ngram".into(),
-                            ready: true,
-                            heartbeat_interval_ms: INTERVAL.as_millis() as u32,
-                        });
-                        let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
-                        api = Some(identity);
-                    }
-                    ApiToWorker::Add(add) => {
-                        record.lock().unwrap().adds.push(add.clone());
-                        let refusal = match &*behaviour.lock().unwrap() {
-                            Behaviour::Reject(reason) => Some(reason.clone()),
-                            _ => None,
-                        };
-                        match refusal {
-                            Some(reason) => {
-                                let msg = WorkerToApi::Rejected { id: add.id, reason };
-                                let _ = tx.send(routed(&identity, proto::encode(&msg).unwrap())).await;
+                    msg = rx.recv() => {
+                        let Ok(msg) = msg else { return };
+                        let (Some(identity), Some(frame)) = (msg.get(0).cloned(), msg.get(1)) else { continue };
+                        match proto::decode::<ApiToWorker>(frame).unwrap() {
+                            ApiToWorker::Hello(_) => {
+                                let hello = WorkerToApi::Hello(WorkerHello {
+                                    protocol_version: proto::PROTOCOL_VERSION,
+                                    worker_id: "fake-worker".into(),
+                                    epoch: 7,
+                                    model: "fake".into(),
+                                    num_spec_tokens,
+                                    proposer: "ngram".into(),
+                                    ready: true,
+                                    heartbeat_interval_ms: INTERVAL.as_millis() as u32,
+                                                        max_model_len: 2048,
+        });
+                                let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
+                                api = Some(identity);
                             }
-                            None => {
-                                let _ = add_tx.send(add).await;
+                            ApiToWorker::Add(add) => {
+                                record.lock().unwrap().adds.push(add.clone());
+                                let refusal = match &*behaviour.lock().unwrap() {
+                                    Behaviour::Reject(reason) => Some(reason.clone()),
+                                    _ => None,
+                                };
+                                match refusal {
+                                    Some(reason) => {
+                                        let msg = WorkerToApi::Rejected { id: add.id, reason };
+                                        let _ = tx.send(routed(&identity, proto::encode(&msg).unwrap())).await;
+                                    }
+                                    None => {
+                                        let _ = add_tx.send(add).await;
+                                    }
+                                }
                             }
+                            ApiToWorker::Abort(abort) => {
+                                record.lock().unwrap().aborts.push(abort.id);
+                                aborted.lock().unwrap().insert(abort.id);
+                            }
+                            ApiToWorker::Heartbeat { .. } => {}
                         }
                     }
-                    ApiToWorker::Abort(abort) => {
-                        record.lock().unwrap().aborts.push(abort.id);
-                        aborted.lock().unwrap().insert(abort.id);
+                    _ = tick.tick() => {
+                        if let Some(identity) = &api {
+                            let hb = WorkerToApi::Heartbeat(Heartbeat {
+                                worker_id: "fake-worker".into(),
+                                epoch: 7,
+                                next_seq: 0,
+                                running: 0,
+                                waiting: 0,
+                                accepting: true,
+                            });
+                            let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
+                        }
                     }
-                    ApiToWorker::Heartbeat { .. } => {}
                 }
-            }
-            _ = tick.tick() => {
-                if let Some(identity) = &api {
-                    let hb = WorkerToApi::Heartbeat(Heartbeat {
-                        worker_id: "fake-worker".into(),
-                        epoch: 7,
-                        next_seq: 0,
-                        running: 0,
-                        waiting: 0,
-                        accepting: true,
-                    });
-                    let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
-                }
-            }
-        }
     }
 }
 
@@ -378,7 +379,7 @@ async fn run_tp(
                 let Ok(msg) = msg else { return };
                 let (Some(identity), Some(frame)) = (msg.get(0).cloned(), msg.get(1)) else { continue };
                 if let ApiToTp::Hello(_) = proto::decode::<ApiToTp>(frame).unwrap() {
-                    let hello = TpToApi::Hello(TpHello { protocol_version: proto::PROTOCOL_VERSION, epoch: 3 });
+                    let hello = TpToApi::Hello(TpHello { protocol_version: proto::PROTOCOL_VERSION, epoch: 3, workers: vec!["fake-worker".into()] });
                     let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
                     api = Some(identity);
                 }
@@ -399,7 +400,7 @@ async fn run_tp(
             }
             _ = tick.tick() => {
                 if let Some(identity) = &api {
-                    let hello = TpToApi::Hello(TpHello { protocol_version: proto::PROTOCOL_VERSION, epoch: 3 });
+                    let hello = TpToApi::Hello(TpHello { protocol_version: proto::PROTOCOL_VERSION, epoch: 3, workers: vec!["fake-worker".into()] });
                     let _ = tx.send(routed(identity, proto::encode(&hello).unwrap())).await;
                 }
             }

@@ -1,6 +1,7 @@
 //! The api-server link: a ROUTER the api-servers connect to. In: hello, add, abort, heartbeat.
-//! Out: our hello (with readiness), heartbeats, and refusals. An api-server silent for three
-//! heartbeat intervals is presumed dead and its requests are aborted.
+//! Out: our hello (with readiness), heartbeats, and refusals. Liveness is `link::liveness`'s
+//! rule: an api-server silent past the window is presumed dead and its requests are aborted; a
+//! heartbeat from one we do not know is answered with [`WorkerToApi::AskHello`].
 
 use std::collections::HashMap;
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -8,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use link::liveness::Heard;
+use link::{Liveness, Sweep, Sweeper};
 use proto::api_worker::{ApiToWorker, RejectReason, WorkerToApi};
 use tokio::sync::mpsc::Receiver;
 use zeromq::{RouterSendHalf, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -35,10 +38,16 @@ struct ApiPeer {
 }
 
 /// Binds the ROUTER; call before loading the model so peers get a not-ready hello meanwhile.
-pub async fn bind_api(endpoint: &str) -> Result<RouterSocket, zeromq::ZmqError> {
-    super::ipc::clear_stale_socket(endpoint)?;
+pub async fn bind_api(endpoint: &str) -> Result<RouterSocket, crate::EngineError> {
+    link::ipc::clear_stale_socket(endpoint)?;
     let mut socket = RouterSocket::new();
-    socket.bind(endpoint).await?;
+    socket
+        .bind(endpoint)
+        .await
+        .map_err(|source| crate::EngineError::Bind {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
     Ok(socket)
 }
 
@@ -64,6 +73,8 @@ pub async fn run_api_link(
         }
     });
     let mut peers: HashMap<String, ApiPeer> = HashMap::new();
+    let liveness = Liveness::new(heartbeat_interval);
+    let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // api-servers that connected while the model loaded hold a not-ready hello: say it again.
@@ -97,15 +108,21 @@ pub async fn run_api_link(
                 }
             }
             _ = heartbeat.tick() => {
-                let silent_after = heartbeat_interval * 3;
-                let dead: Vec<String> = peers
-                    .iter()
-                    .filter(|(_, p)| p.last_seen.elapsed() > silent_after)
-                    .map(|(id, _)| id.clone())
-                    .collect();
+                let now = Instant::now();
+                let dead: Vec<String> = match sweeper.begin(now) {
+                    Sweep::Judge => peers
+                        .iter()
+                        .filter(|(_, p)| liveness.is_silent(p.last_seen, now))
+                        .map(|(id, _)| id.clone())
+                        .collect(),
+                    Sweep::Forgive { .. } => {
+                        peers.values_mut().for_each(|p| p.last_seen = now);
+                        Vec::new()
+                    }
+                };
                 for id in dead {
                     peers.remove(&id);
-                    tracing::warn!(api_server = %id, "api-server silent for 3 heartbeat intervals");
+                    tracing::warn!(api_server = %id, "api-server missed its heartbeats; aborting its requests");
                     push_command(&commands, EngineCommand::AbortOwner(id)).await;
                 }
                 let beat = if !announced_ready && status.is_ready() {
@@ -176,12 +193,18 @@ async fn handle(
             api_server_id,
             epoch,
         } => {
-            if let Some(peer) = peers.get_mut(&api_server_id).filter(|p| p.epoch == epoch) {
-                peer.last_seen = Instant::now();
-                peer.routing_id = routing_id;
-            } else {
-                // Unknown (e.g. we restarted): our hello prompts it to say hello again.
-                send(socket, routing_id, &WorkerToApi::Hello(status.hello())).await;
+            let peer = peers.get_mut(&api_server_id).filter(|p| p.epoch == epoch);
+            match (Heard::of(peer.is_some()), peer) {
+                (Heard::Known, Some(peer)) => {
+                    peer.last_seen = Instant::now();
+                    peer.routing_id = routing_id;
+                }
+                _ => {
+                    // Unknown, forgotten, or another epoch (we or it restarted): its hello
+                    // tells us who it is and whose requests are gone.
+                    tracing::info!(api_server = %api_server_id, "heartbeat from an api-server we do not know; asking for its hello");
+                    send(socket, routing_id, &WorkerToApi::AskHello).await;
+                }
             }
         }
         ApiToWorker::Add(req) => {

@@ -4,7 +4,6 @@
 
 pub mod api;
 mod channels;
-pub mod ipc;
 mod status;
 pub mod step_loop;
 pub mod tp;

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::RwLock;
+use std::time::{Duration, Instant};
 
 use proto::worker_tp::{Heartbeat, WorkerHello};
 
@@ -13,12 +14,17 @@ pub struct WorkerStatus {
     pub proposer: String,
     pub heartbeat_interval_ms: u32,
     model: RwLock<String>,
+    /// 0 until the model is loaded.
+    max_model_len: AtomicU32,
     ready: AtomicBool,
     draining: AtomicBool,
     next_seq: AtomicU64,
     running: AtomicU32,
     waiting: AtomicU32,
     resync_requested: AtomicBool,
+    /// When the step loop last turned, as ns since `started`.
+    last_turn_ns: AtomicU64,
+    started: Instant,
 }
 
 impl WorkerStatus {
@@ -37,18 +43,27 @@ impl WorkerStatus {
             proposer,
             heartbeat_interval_ms,
             model: RwLock::new(model),
+            max_model_len: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             resync_requested: AtomicBool::new(false),
+            last_turn_ns: AtomicU64::new(0),
+            started: Instant::now(),
         }
     }
 
-    /// The model is loaded: hellos say ready from now on.
-    pub fn set_ready(&self, model: String) {
+    /// The model is loaded: hellos say ready, and state the context length, from now on.
+    pub fn set_ready(&self, model: String, max_model_len: usize) {
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = model;
+        self.max_model_len.store(
+            u32::try_from(max_model_len).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
+        self.last_turn_ns
+            .store(self.started.elapsed().as_nanos() as u64, Ordering::SeqCst);
         self.ready.store(true, Ordering::SeqCst);
     }
 
@@ -65,7 +80,15 @@ impl WorkerStatus {
         self.is_ready() && !self.draining.load(Ordering::SeqCst)
     }
 
+    /// How long since the step loop last published (it does every pass, idle or not).
+    pub fn step_loop_silence(&self) -> Duration {
+        let last = Duration::from_nanos(self.last_turn_ns.load(Ordering::SeqCst));
+        self.started.elapsed().saturating_sub(last)
+    }
+
     pub fn publish(&self, next_seq: u64, running: usize, waiting: usize) {
+        self.last_turn_ns
+            .store(self.started.elapsed().as_nanos() as u64, Ordering::SeqCst);
         self.next_seq.store(next_seq, Ordering::SeqCst);
         self.running.store(running as u32, Ordering::SeqCst);
         self.waiting.store(waiting as u32, Ordering::SeqCst);
@@ -94,6 +117,7 @@ impl WorkerStatus {
             proposer: self.proposer.clone(),
             ready: self.is_ready(),
             heartbeat_interval_ms: self.heartbeat_interval_ms,
+            max_model_len: self.max_model_len.load(Ordering::SeqCst),
         }
     }
 

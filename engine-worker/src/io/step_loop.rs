@@ -6,6 +6,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use link::service::Watchdog;
 use proto::api_worker::WorkerToApi;
 use proto::worker_tp::Resync;
 use tokio::sync::mpsc::Sender;
@@ -26,8 +27,8 @@ pub struct StepLoopIo {
     pub to_api: Sender<ApiOutbound>,
     pub status: Arc<WorkerStatus>,
     pub trace: Option<TraceWriter>,
-    /// Send systemd WATCHDOG=1 pings (NOTIFY_SOCKET is set).
-    pub watchdog: bool,
+    /// systemd's watchdog, fed from this loop: a stuck step stops the pings.
+    pub watchdog: Watchdog,
 }
 
 /// Runs until a drain completes or the command channel closes.
@@ -35,7 +36,6 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
     let mut next_seq = 0u64;
     let mut needs_resync = false;
     let mut drain_deadline: Option<Instant> = None;
-    let mut last_watchdog = Instant::now();
     loop {
         // Commands: block briefly only when idle.
         let mut first = if engine.has_work() {
@@ -102,10 +102,7 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
         }
         io.status
             .publish(next_seq, engine.num_running(), engine.num_waiting());
-        if io.watchdog && last_watchdog.elapsed() >= Duration::from_secs(1) {
-            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
-            last_watchdog = Instant::now();
-        }
+        io.watchdog.feed(Instant::now());
         if draining_done {
             send_with_deadline(&io.to_tp, TpOutbound::Goodbye);
             tracing::info!(batches = next_seq, "drained; step loop exits");

@@ -1,14 +1,18 @@
-//! The token-processor link: PUSH, connected by us, re-created with backoff whenever it breaks
-//! (the zeromq crate reconnects only SUB sockets). Every (re)connect says hello and asks the step
-//! loop for a resync; batches queued before that resync are stale and dropped.
+//! The token-processor link: PUSH, connected by us, re-created by `link::connect` whenever it
+//! breaks. Every (re)connect says hello and asks the step loop for a resync; batches queued
+//! before that resync are stale and dropped. The link is one-way, so the token-processor cannot
+//! ask for a hello when it forgot us (declared us dead while we were paused): we repeat the hello
+//! every [`HELLO_EVERY`] heartbeats, which a token-processor that knows us takes as a no-op.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use link::connect::{connect, Connected};
+use link::Backoff;
 use proto::worker_tp::WorkerToTp;
 use tokio::sync::mpsc::Receiver;
-use zeromq::{PushSocket, Socket, SocketEvent, SocketOptions, SocketSend, ZmqMessage};
+use zeromq::{PushSocket, SocketEvent, SocketSend, ZmqMessage};
 
 use super::{TpOutbound, WorkerStatus};
 
@@ -22,9 +26,8 @@ pub struct TpLinkConfig {
     pub linger: Duration,
 }
 
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Heartbeats between two repeated hellos (see the module doc).
+pub const HELLO_EVERY: u32 = 4;
 
 enum LinkEnd {
     /// The step loop said goodbye (or went away): stop.
@@ -39,29 +42,27 @@ pub async fn run_tp_link(
     status: Arc<WorkerStatus>,
     mut rx: Receiver<TpOutbound>,
 ) {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::default();
     loop {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(CONNECT_TIMEOUT);
-        let mut socket = PushSocket::with_options(options);
-        let monitor = socket.monitor();
-        if let Err(err) = socket.connect(&cfg.endpoint).await {
-            tracing::debug!(endpoint = %cfg.endpoint, error = %err, "token-processor unreachable");
-            // Keep the step loop's queue moving while down; a resync follows the reconnect.
+        // Keep the step loop's queue moving while down; a resync follows the reconnect.
+        let keep_trying = || {
             while let Ok(msg) = rx.try_recv() {
                 if matches!(msg, TpOutbound::Goodbye) {
                     tracing::warn!(
                         "shutting down without a token-processor; goodbye not delivered"
                     );
-                    return;
+                    return false;
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-            continue;
-        }
-        tracing::info!(endpoint = %cfg.endpoint, "connected to token-processor");
-        backoff = BACKOFF_MIN;
+            true
+        };
+        let Some(Connected {
+            mut socket,
+            monitor,
+        }) = connect::<PushSocket>(&cfg.endpoint, &mut backoff, keep_trying).await
+        else {
+            return;
+        };
         match serve_connection(&cfg, &status, &mut rx, &mut socket, monitor).await {
             LinkEnd::Finished => {
                 tokio::time::sleep(cfg.linger).await;
@@ -105,6 +106,7 @@ async fn serve_connection(
     let mut sent_next_seq: Option<u64> = None;
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beats: u32 = 0;
     loop {
         tokio::select! {
             msg = rx.recv() => {
@@ -142,6 +144,12 @@ async fn serve_connection(
                 }
             }
             _ = heartbeat.tick() => {
+                beats = beats.wrapping_add(1);
+                if beats.is_multiple_of(HELLO_EVERY)
+                    && !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await
+                {
+                    return LinkEnd::Broken;
+                }
                 let mut beat = status.heartbeat();
                 beat.next_seq = sent_next_seq.unwrap_or(beat.next_seq);
                 if !send(socket, &WorkerToTp::Heartbeat(beat), cfg.send_timeout).await {

@@ -15,6 +15,7 @@ pub fn worker_hello() -> WorkerHello {
         proposer: "ngram".into(),
         ready: true,
         heartbeat_interval_ms: 500,
+        max_model_len: 2048,
     }
 }
 
@@ -244,9 +245,12 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
             enc(&TpToApi::Hello(TpHello {
                 protocol_version: PROTOCOL_VERSION,
                 epoch: 5,
+                workers: vec!["worker-0".into(), "worker-1".into()],
             })),
         ),
         ("tp_to_api_outputs", enc(&TpToApi::Outputs(outputs()))),
+        ("tp_to_api_ask_hello", enc(&TpToApi::AskHello)),
+        ("worker_to_api_ask_hello", enc(&WorkerToApi::AskHello)),
     ]
 }
 

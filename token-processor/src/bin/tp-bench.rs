@@ -183,6 +183,7 @@ fn hello(worker_id: &str, k: u8) -> WorkerToTp {
         proposer: "synthetic".into(),
         ready: true,
         heartbeat_interval_ms: 60_000,
+        max_model_len: 2048,
     })
 }
 

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use link::service::Watchdog;
+use link::{Liveness, Sweep, Sweeper};
 use proto::worker_tp::WorkerToTp;
 use tokio::sync::{mpsc, watch};
 use zeromq::{PullSocket, SocketRecv};
@@ -77,20 +79,33 @@ pub fn clock(origin: Instant) -> Clock {
     }
 }
 
+/// What the ingest loop shares with the rest of the process.
+pub struct IngestIo {
+    pub forward: mpsc::Sender<OutputsByOwner>,
+    pub health: Arc<IngestHealth>,
+    /// The live workers' ids, for the forwarder's hellos (api-servers route only to these).
+    pub live_workers: watch::Sender<Vec<String>>,
+    pub shutdown: watch::Receiver<bool>,
+    /// Fed from this loop: it is the token-processor's main loop.
+    pub watchdog: Watchdog,
+}
+
 /// Runs until `shutdown` turns true (or its sender is dropped), then returns, dropping
 /// `forward` so the forwarder drains and stops.
-pub async fn run(
-    mut pull: PullSocket,
-    mut ingest: Ingest,
-    forward: mpsc::Sender<OutputsByOwner>,
-    health: Arc<IngestHealth>,
-    mut shutdown: watch::Receiver<bool>,
-    watchdog: bool,
-) -> Ingest {
+pub async fn run(mut pull: PullSocket, mut ingest: Ingest, io: IngestIo) -> Ingest {
+    let IngestIo {
+        forward,
+        health,
+        live_workers,
+        mut shutdown,
+        mut watchdog,
+    } = io;
     let origin = health.origin;
     let mut out = Outbox::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The sweep runs every TICK; a sweep much later than that means this process was paused.
+    let mut sweeper = Sweeper::new(Liveness::new(TICK));
     health.beat(0);
     loop {
         tokio::select! {
@@ -101,10 +116,12 @@ pub async fn run(
                 }
             }
             _ = tick.tick() => {
-                ingest.tick(clock(origin), &mut out);
-                if watchdog {
-                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                let now = Instant::now();
+                match sweeper.begin(now) {
+                    Sweep::Judge => ingest.tick(clock(origin), &mut out),
+                    Sweep::Forgive { .. } => ingest.forgive(clock(origin)),
                 }
+                watchdog.feed(now);
             }
             msg = pull.recv() => {
                 let received = Instant::now();
@@ -125,6 +142,7 @@ pub async fn run(
             }
         }
         health.beat(ingest.live_workers());
+        publish_live_workers(&ingest, &live_workers);
         let dropped = hand_off(&mut out, &forward, MAX_HELD_OUTPUTS);
         if dropped > 0 {
             metrics::outputs_dropped(dropped);
@@ -141,6 +159,19 @@ pub async fn run(
         let _ = forward.send(out.take()).await;
     }
     ingest
+}
+
+/// Tells the forwarder which workers are alive when that changed.
+fn publish_live_workers(ingest: &Ingest, live_workers: &watch::Sender<Vec<String>>) {
+    if live_workers.borrow().len() == ingest.live_workers()
+        && live_workers
+            .borrow()
+            .iter()
+            .all(|id| ingest.worker(id).is_some())
+    {
+        return;
+    }
+    live_workers.send_replace(ingest.live_worker_ids());
 }
 
 /// Most outputs ingest holds back while the forwarder's queue is full. Held outputs ride with

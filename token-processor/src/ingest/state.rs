@@ -9,14 +9,20 @@
 //!   request in flight on that worker fails with `StepGap` (its figures would be wrong). A
 //!   heartbeat's `next_seq` beyond ours is a gap too (the last batch was lost).
 //! - A resync is authoritative: the worker's view replaces ours and `next_seq` is taken from it.
-//! - A new epoch, a goodbye, or 3 missed heartbeat intervals fail the old epoch's requests with
-//!   `WorkerLost` and forget the worker. A worker that only stalled (same epoch speaks again
-//!   after its deadline) is re-admitted with an empty table.
+//! - A new epoch, a goodbye, or silence past the liveness window (`link::liveness`) fail the old
+//!   epoch's requests with `WorkerLost` and forget the worker. A worker that only stalled (same
+//!   epoch speaks again after its deadline) is re-admitted with an empty table. The worker link
+//!   is one-way (PUSH), so the token-processor cannot ask for a hello; the worker re-sends its
+//!   hello every few heartbeats instead, and a hello of a known epoch is idempotent.
+//! - When the token-processor itself was paused, [`Ingest::forgive`] restarts every worker's
+//!   clock instead of [`Ingest::tick`] declaring them all dead.
 //! - Every batch is validated against the worker's K first; an invalid one is counted, dropped,
 //!   and the requests it names fail.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use link::Liveness;
 
 use proto::tp_api::OutputErrorKind;
 use proto::worker_tp::{Heartbeat, Resync, StepBatch, WorkerHello, WorkerToTp};
@@ -25,12 +31,7 @@ use proto::{RequestId, SpeculateMetrics};
 use crate::metrics::{self, WorkerMetrics};
 use crate::tracker::{Clock, Figures, Observations, Outbox, Tracker};
 
-/// K beyond this is refused at hello: figures are O(K) per request and the wire carries `d` as a
-/// byte anyway.
-pub const MAX_SPEC_TOKENS: u32 = 64;
-
-/// Heartbeat interval assumed when a hello says 0.
-const DEFAULT_HEARTBEAT_MS: u64 = 500;
+pub use proto::worker_tp::MAX_SPEC_TOKENS;
 
 #[derive(Debug, Clone)]
 pub struct IngestConfig {
@@ -38,8 +39,6 @@ pub struct IngestConfig {
     pub max_requests_per_worker: usize,
     /// Workers tracked at once; hellos beyond it are refused.
     pub max_workers: usize,
-    /// Heartbeat intervals a worker may miss before it is declared dead.
-    pub missed_heartbeats: u32,
 }
 
 impl Default for IngestConfig {
@@ -47,7 +46,6 @@ impl Default for IngestConfig {
         Self {
             max_requests_per_worker: 65_536,
             max_workers: 256,
-            missed_heartbeats: 3,
         }
     }
 }
@@ -65,12 +63,10 @@ pub struct WorkerEntry {
 }
 
 impl WorkerEntry {
-    fn deadline_ns(&self, missed: u32) -> u64 {
-        let interval_ms = match u64::from(self.hello.heartbeat_interval_ms) {
-            0 => DEFAULT_HEARTBEAT_MS,
-            ms => ms,
-        };
-        self.last_heard_ns + interval_ms * u64::from(missed) * 1_000_000
+    fn is_silent(&self, now: Clock) -> bool {
+        let silence = now.mono_ns.saturating_sub(self.last_heard_ns);
+        Liveness::from_peer_interval_ms(self.hello.heartbeat_interval_ms)
+            .is_silent_for(Duration::from_nanos(silence))
     }
 
     /// Sends the accumulated observations to the metrics and the running totals.
@@ -169,17 +165,30 @@ impl Ingest {
         }
     }
 
-    /// Declares dead every worker past its heartbeat deadline.
+    /// Workers alive now, by id (what the api-servers may route to).
+    pub fn live_worker_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.workers.keys().cloned().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// This process was paused: every worker's silence is ours, so their clocks restart now.
+    pub fn forgive(&mut self, now: Clock) {
+        for w in self.workers.values_mut() {
+            w.last_heard_ns = now.mono_ns;
+        }
+    }
+
+    /// Declares dead every worker silent past its liveness window.
     pub fn tick(&mut self, now: Clock, out: &mut Outbox) {
-        let missed = self.config.missed_heartbeats;
         let dead: Vec<String> = self
             .workers
             .values()
-            .filter(|w| now.mono_ns > w.deadline_ns(missed))
+            .filter(|w| w.is_silent(now))
             .map(|w| w.hello.worker_id.clone())
             .collect();
         for worker_id in dead {
-            tracing::warn!(worker = %worker_id, missed, "worker missed its heartbeats; failing its requests");
+            tracing::warn!(worker = %worker_id, "worker missed its heartbeats; failing its requests");
             if self.timed_out.len() < self.config.max_workers {
                 if let Some(entry) = self.workers.get(&worker_id) {
                     self.timed_out

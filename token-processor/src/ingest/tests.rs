@@ -30,6 +30,7 @@ fn hello(epoch: u64, k: u32) -> WorkerToTp {
         proposer: "ngram".into(),
         ready: true,
         heartbeat_interval_ms: 100,
+        max_model_len: 2048,
     })
 }
 
@@ -222,6 +223,31 @@ fn missed_heartbeats_fail_requests_and_forget_the_worker() {
         .all(|o| o.error.as_ref().unwrap().kind == OutputErrorKind::WorkerLost));
     assert_eq!(ingest.live_workers(), 0);
     assert_eq!(ingest.stats().workers_lost, 1);
+}
+
+#[test]
+fn a_paused_token_processor_forgives_instead_of_failing_everyone() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let mut out = Outbox::default();
+    // We did not run for 3 s: the silence is ours.
+    ingest.forgive(at(3_000));
+    ingest.tick(at(3_100), &mut out);
+    assert!(out.is_empty());
+    assert_eq!(ingest.live_workers(), 1);
+    assert_eq!(ingest.live_worker_ids(), vec![W.to_owned()]);
+    // A worker that really died is found one window later.
+    ingest.tick(at(3_301), &mut out);
+    assert_eq!(ingest.live_workers(), 0);
+}
+
+#[test]
+fn a_repeated_hello_of_a_known_epoch_changes_nothing() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let out = feed(&mut ingest, hello(1, 4), 50);
+    assert!(out.is_empty());
+    assert_eq!(ingest.in_flight(), 2);
 }
 
 #[test]

@@ -1,13 +1,14 @@
-//! ipc:// endpoints leave their socket file behind when a process is killed (`kill -9`); a
+//! `ipc://` endpoints leave their socket file behind when a process is killed (`kill -9`); a
 //! restarted process could then never bind again. Remove such a stale file, but never one a live
 //! process still listens on.
 
-use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+use crate::LinkError;
+
 /// Before binding `endpoint`: deletes its socket file if nobody accepts connections on it.
-pub fn clear_stale_socket(endpoint: &str) -> io::Result<()> {
+pub fn clear_stale_socket(endpoint: &str) -> Result<(), LinkError> {
     let Some(path) = endpoint.strip_prefix("ipc://") else {
         return Ok(());
     };
@@ -16,11 +17,13 @@ pub fn clear_stale_socket(endpoint: &str) -> io::Result<()> {
         return Ok(());
     }
     match UnixStream::connect(path) {
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            format!("{} is in use by a running process", path.display()),
-        )),
-        Err(_) => std::fs::remove_file(path),
+        Ok(_) => Err(LinkError::EndpointInUse {
+            endpoint: endpoint.to_owned(),
+        }),
+        Err(_) => std::fs::remove_file(path).map_err(|source| LinkError::Endpoint {
+            endpoint: endpoint.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -30,14 +33,14 @@ mod tests {
 
     #[test]
     fn removes_a_dead_socket_and_keeps_a_live_one() {
-        let dir = std::env::temp_dir().join(format!("tp-ipc-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("link-ipc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.sock");
         let endpoint = format!("ipc://{}", path.display());
 
         let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let err = clear_stale_socket(&endpoint).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        assert!(matches!(err, LinkError::EndpointInUse { .. }), "{err}");
         drop(live); // the file stays behind, as after kill -9
         assert!(path.exists());
         clear_stale_socket(&endpoint).unwrap();

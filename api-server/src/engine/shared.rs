@@ -1,0 +1,291 @@
+//! [`Shared`]: what the links, the liveness loop and the request handles share — the peers'
+//! state, the in-flight registry and each worker's outbound queue — and what every frame from a
+//! peer does to it. The links ([`super::links`]) only move frames; the decisions are here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use link::liveness::Heard;
+use link::service::Watchdog;
+use link::{Sweep, Sweeper};
+use proto::api_worker::{Abort, ApiToWorker, WorkerToApi};
+use proto::tp_api::TpToApi;
+use proto::RequestId;
+use tokio::sync::mpsc;
+
+use super::ids::IdAllocator;
+use super::peers::{servable, TpPeer, WorkerPeer};
+use super::registry::{Dispatch, Registry};
+use super::{EngineConfig, EngineFailure};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent data (no multi-step updates
+    // span a panic point), so poisoning is not fatal.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a link does after handing a frame over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Nothing,
+    /// Say our hello on this link now (the peer asked, or it is not alive for us).
+    Hello,
+}
+
+impl From<Heard> for Reply {
+    fn from(heard: Heard) -> Self {
+        match heard {
+            Heard::Known => Reply::Nothing,
+            Heard::AskHello => Reply::Hello,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub config: EngineConfig,
+    /// Changes on every process start.
+    pub epoch: u64,
+    pub ids: IdAllocator,
+    pub registry: Mutex<Registry>,
+    pub workers: Mutex<Vec<WorkerPeer>>,
+    pub tp: Mutex<TpPeer>,
+    pub worker_tx: Vec<mpsc::Sender<ApiToWorker>>,
+    pub accepting: AtomicBool,
+    sweeper: Mutex<Sweeper>,
+    watchdog: Mutex<Watchdog>,
+}
+
+impl Shared {
+    pub fn new(config: EngineConfig, worker_tx: Vec<mpsc::Sender<ApiToWorker>>) -> Self {
+        Self {
+            epoch: rand::random::<u64>() >> 1,
+            ids: IdAllocator::random(),
+            registry: Mutex::new(Registry::new(
+                config.worker_endpoints.len(),
+                config.max_in_flight,
+            )),
+            workers: Mutex::new(
+                config
+                    .worker_endpoints
+                    .iter()
+                    .cloned()
+                    .map(WorkerPeer::new)
+                    .collect(),
+            ),
+            tp: Mutex::new(TpPeer::new(config.liveness)),
+            worker_tx,
+            accepting: AtomicBool::new(true),
+            sweeper: Mutex::new(Sweeper::new(config.liveness)),
+            watchdog: Mutex::new(Watchdog::from_env()),
+            config,
+        }
+    }
+
+    pub fn send_abort(&self, worker: usize, id: RequestId) {
+        if let Some(tx) = self.worker_tx.get(worker) {
+            // A full queue means the link is down; the worker drops our requests on its own
+            // when it stops hearing from us.
+            let _ = tx.try_send(ApiToWorker::Abort(Abort { id }));
+        }
+    }
+
+    pub fn set_worker_connected(&self, worker: usize, connected: bool) {
+        if let Some(w) = lock(&self.workers).get_mut(worker) {
+            w.connected = connected;
+        }
+    }
+
+    pub fn set_tp_connected(&self, connected: bool) {
+        lock(&self.tp).connected = connected;
+    }
+
+    /// While a peer is not alive for us, each heartbeat of ours is a hello instead: the peer
+    /// answers a hello with its own, so two running processes always find each other again.
+    pub fn worker_alive(&self, worker: usize) -> bool {
+        lock(&self.workers).get(worker).is_some_and(|w| w.alive)
+    }
+
+    pub fn tp_alive(&self) -> bool {
+        lock(&self.tp).alive
+    }
+
+    pub fn on_worker_frame(&self, worker: usize, frame: &[u8]) -> Reply {
+        let msg = match proto::decode::<WorkerToApi>(frame) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(worker, error = %e, "undecodable frame from engine-worker");
+                return Reply::Nothing;
+            }
+        };
+        let now = Instant::now();
+        match msg {
+            WorkerToApi::Hello(hello) => {
+                if let Err(e) = proto::check_version(&hello.worker_id, hello.protocol_version) {
+                    tracing::error!(worker, error = %e, "engine-worker speaks another protocol");
+                    return Reply::Nothing;
+                }
+                tracing::info!(
+                    worker, worker_id = %hello.worker_id, epoch = hello.epoch,
+                    num_spec_tokens = hello.num_spec_tokens, ready = hello.ready,
+                    max_model_len = hello.max_model_len,
+                    "engine-worker said hello"
+                );
+                let restarted = lock(&self.workers)[worker].on_hello(hello, now);
+                if restarted {
+                    let lost =
+                        lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
+                    tracing::warn!(worker, requests = lost.len(), "engine-worker restarted");
+                }
+                Reply::Nothing
+            }
+            WorkerToApi::Heartbeat(hb) => lock(&self.workers)[worker].on_heartbeat(&hb, now).into(),
+            WorkerToApi::Rejected { id, reason } => {
+                tracing::debug!(request_id = id, ?reason, "engine-worker rejected request");
+                lock(&self.registry).fail(id, EngineFailure::Rejected(reason));
+                Reply::Nothing
+            }
+            WorkerToApi::AskHello => {
+                tracing::info!(worker, "engine-worker asks for our hello");
+                Reply::Hello
+            }
+        }
+    }
+
+    pub fn on_tp_frame(&self, frame: &[u8]) -> Reply {
+        let msg = match proto::decode::<TpToApi>(frame) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(error = %e, "undecodable frame from token-processor");
+                return Reply::Nothing;
+            }
+        };
+        match msg {
+            TpToApi::Hello(hello) => {
+                if let Err(e) = proto::check_version("token-processor", hello.protocol_version) {
+                    tracing::error!(error = %e, "token-processor speaks another protocol");
+                    return Reply::Nothing;
+                }
+                let mut tp = lock(&self.tp);
+                let changed = tp
+                    .hello
+                    .as_ref()
+                    .is_none_or(|h| h.epoch != hello.epoch || h.workers != hello.workers);
+                if !tp.alive || changed {
+                    tracing::info!(epoch = hello.epoch, workers = ?hello.workers, "token-processor said hello");
+                }
+                tp.on_hello(hello, Instant::now());
+                Reply::Nothing
+            }
+            TpToApi::Outputs(outputs) => {
+                let heard = lock(&self.tp).on_outputs(Instant::now());
+                self.dispatch(outputs);
+                heard.into()
+            }
+            TpToApi::AskHello => {
+                tracing::info!("token-processor asks for our hello");
+                Reply::Hello
+            }
+        }
+    }
+
+    /// Hands outputs to their requests' readers; aborts requests whose reader fell behind.
+    fn dispatch(&self, outputs: Vec<proto::tp_api::RequestOutput>) {
+        let mut dropped = Vec::new();
+        {
+            let mut registry = lock(&self.registry);
+            for out in outputs {
+                let id = out.id;
+                if let Dispatch::Dropped { worker } = registry.dispatch(out) {
+                    dropped.push((worker, id));
+                }
+            }
+        }
+        if !dropped.is_empty() {
+            tracing::warn!(
+                requests = dropped.len(),
+                "readers fell behind; requests aborted"
+            );
+        }
+        for (worker, id) in dropped {
+            self.send_abort(worker, id);
+        }
+    }
+
+    /// One liveness pass (the api-server's main loop, which also feeds systemd's watchdog):
+    /// declares silent peers dead and fails their requests, or forgives everyone when this
+    /// process was paused.
+    pub fn check_liveness(&self) {
+        let now = Instant::now();
+        lock(&self.watchdog).feed(now);
+        if let Sweep::Forgive { .. } = lock(&self.sweeper).begin(now) {
+            lock(&self.workers).iter_mut().for_each(|w| w.forgive(now));
+            lock(&self.tp).forgive(now);
+            return;
+        }
+        let dead: Vec<usize> = lock(&self.workers)
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, w)| w.check_liveness(now).then_some(i))
+            .collect();
+        for worker in dead {
+            let lost = lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
+            tracing::warn!(worker, requests = lost.len(), "engine-worker declared dead");
+            // If it was only paused, it must not go on computing for nobody.
+            for (id, worker) in lost {
+                self.send_abort(worker, id);
+            }
+        }
+        if lock(&self.tp).check_liveness(now) {
+            let lost = lock(&self.registry).fail_all(None, EngineFailure::TokenProcessorLost);
+            tracing::warn!(requests = lost.len(), "token-processor declared dead");
+            // Their outputs can no longer reach us: stop the work.
+            for (id, worker) in lost {
+                self.send_abort(worker, id);
+            }
+        }
+    }
+
+    /// `Ok` when a request could complete now; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.accepting.load(Ordering::Relaxed) {
+            return Err("shutting down".into());
+        }
+        let tp = lock(&self.tp);
+        if !tp.alive {
+            return Err("token-processor has not said hello recently".into());
+        }
+        let workers = lock(&self.workers);
+        if workers.iter().any(|w| servable(w, &tp)) {
+            return Ok(());
+        }
+        let alive = workers.iter().filter(|w| w.alive).count();
+        let routable: Vec<&str> = workers
+            .iter()
+            .filter(|w| w.routable())
+            .filter_map(WorkerPeer::worker_id)
+            .collect();
+        if routable.is_empty() {
+            return Err(format!(
+                "no live engine-worker accepts requests ({alive} of {} alive)",
+                workers.len()
+            ));
+        }
+        Err(format!(
+            "the token-processor does not take the step batches of engine-worker(s) {} (it lists {:?}; see its log)",
+            routable.join(", "),
+            tp.hello.as_ref().map(|h| h.workers.clone()).unwrap_or_default()
+        ))
+    }
+
+    /// The context length requests are validated against: the smallest of the servable
+    /// workers' (what the worker a request lands on accepts), or None before any.
+    pub fn max_model_len(&self) -> Option<u32> {
+        let tp = lock(&self.tp);
+        lock(&self.workers)
+            .iter()
+            .filter(|w| servable(w, &tp))
+            .filter_map(WorkerPeer::max_model_len)
+            .min()
+    }
+}

@@ -1,0 +1,24 @@
+//! The link layer of specula's three processes, in one place so that each rule has one home:
+//!
+//! - [`liveness`]: a peer is alive from its hello until it misses [`liveness::MISSED_HEARTBEATS`]
+//!   heartbeat intervals; a message from a peer that is unknown or declared dead makes the
+//!   receiver ask for a hello (the "Paranoid Pirate" pattern of the ZeroMQ guide); a process
+//!   that was itself paused forgives its peers' silence instead of declaring them dead.
+//! - [`backoff`] and [`connect`]: the reconnect loop (the `zeromq` crate reconnects only SUB
+//!   sockets, so every DEALER and PUSH link owns one), with one backoff policy.
+//! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
+//! - [`service`]: tracing setup, SIGTERM/SIGINT, and systemd's notify socket and watchdog.
+//!
+//! Each binary keeps only its own decisions (what a hello carries, what a dead peer's requests
+//! become).
+
+pub mod backoff;
+pub mod connect;
+mod error;
+pub mod ipc;
+pub mod liveness;
+pub mod service;
+
+pub use backoff::Backoff;
+pub use error::LinkError;
+pub use liveness::{Liveness, Sweep, Sweeper, DEFAULT_HEARTBEAT_INTERVAL, MISSED_HEARTBEATS};

@@ -1,0 +1,182 @@
+//! The cluster heals itself: after any process is paused, the stack serves again within 3 s of it
+//! running again, without restarting anything; health says why it cannot serve; the context
+//! length is the worker's. On the three real binaries with the default model.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::openai::{complete, completion_body};
+use common::stack::{Proc, Stack, StackConfig};
+use common::{binary, default_model};
+use serde_json::{json, Value};
+
+/// One stack at a time: the tests measure timings on a 2-core machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long after SIGCONT a request must succeed (the bound).
+const RECOVERY: Duration = Duration::from_secs(3);
+
+/// Sends small greedy completions until one succeeds; returns how long it took, or the last
+/// answer when none succeeded within `bound`.
+async fn first_success_within(stack: &Stack, bound: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut last = String::from("no attempt");
+    while start.elapsed() < bound {
+        let left = bound.saturating_sub(start.elapsed());
+        let attempt = stack
+            .client()
+            .post(stack.api("/v1/completions"))
+            .timeout(left)
+            .json(&completion_body("1, 2, 3,", 4, false))
+            .send()
+            .await;
+        match attempt {
+            Ok(r) if r.status().as_u16() == 200 => return Ok(start.elapsed()),
+            Ok(r) => last = format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => last = format!("transport: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_3s_pause_of_each_process_then_a_request_succeeds_within_3s() {
+    let _g = SERIAL.lock().await;
+    let stack = Stack::start(StackConfig::default()).await;
+    for p in [Proc::ApiServer, Proc::TokenProcessor, Proc::EngineWorker] {
+        stack.signal(p, "STOP");
+        // The fault itself: a pause longer than every liveness window (1.5 s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stack.signal(p, "CONT");
+        match first_success_within(&stack, RECOVERY).await {
+            Ok(took) => eprintln!("{p:?} paused 3 s: serving again {took:?} after SIGCONT"),
+            Err(last) => panic!(
+                "{p:?} paused 3 s: no request succeeded within {RECOVERY:?} of SIGCONT; last answer: {last}"
+            ),
+        }
+    }
+    // Nothing was restarted: the same three processes serve.
+    for p in Proc::ALL {
+        assert!(
+            Command::new("kill")
+                .args(["-0", &stack.pid(p).to_string()])
+                .status()
+                .unwrap()
+                .success(),
+            "{p:?} is still the process that was started"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_without_max_tokens_uses_the_workers_context_length() {
+    let _g = SERIAL.lock().await;
+    let stack = Stack::start(StackConfig::default()).await;
+    let (status, models) = get_json(&stack, "/v1/models").await;
+    assert_eq!(status, 200, "{models}");
+    // The worker's --max-model-len default (2048), not the GGUF's 8192.
+    assert_eq!(models["data"][0]["max_model_len"], 2048, "{models}");
+
+    let body = json!({
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "temperature": 0,
+    });
+    let (status, answer) =
+        complete(stack.client(), &stack.api("/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "a chat request without max_tokens: {answer}");
+    assert!(answer["choices"][0]["message"]["content"].is_string());
+    // The longest prompt the worker takes, plus one token, is refused by the api-server itself
+    // with the worker's figure in the message.
+    let long = "hello ".repeat(2100);
+    let (status, refused) = complete(
+        stack.client(),
+        &stack.api("/v1/completions"),
+        &completion_body(&long, 1, false),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2048"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_with_k_above_the_limit_refuses_to_start_and_says_why() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(binary("engine-worker"))
+            .args(["--model", &default_model().display().to_string()])
+            .args(["--num-spec-tokens", "65"])
+            .args(["--api-endpoint", "tcp://127.0.0.1:0"])
+            .env_remove("NOTIFY_SOCKET")
+            .output(),
+    )
+    .await
+    .expect("the worker exits at once")
+    .unwrap();
+    assert!(!out.status.success(), "K=65 must not start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--num-spec-tokens 65") && stderr.contains("64"),
+        "names the option and the limit: {stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_names_what_keeps_a_request_from_completing() {
+    let _g = SERIAL.lock().await;
+    let mut stack = Stack::start(StackConfig::default()).await;
+    let (status, health) = get_json(&stack, "/health").await;
+    assert_eq!(status, 200, "{health}");
+
+    // The worker gone: not healthy, and the reason names the worker.
+    stack.signal(Proc::EngineWorker, "KILL");
+    stack
+        .wait_exit(Proc::EngineWorker, Duration::from_secs(5))
+        .await;
+    let reason = wait_unhealthy(&stack).await;
+    assert!(reason.contains("engine-worker"), "{reason}");
+    stack.spawn(Proc::EngineWorker);
+    stack.wait_healthy(Duration::from_secs(60)).await;
+
+    // The token-processor gone: not healthy, and the reason names it.
+    stack.signal(Proc::TokenProcessor, "KILL");
+    stack
+        .wait_exit(Proc::TokenProcessor, Duration::from_secs(5))
+        .await;
+    let reason = wait_unhealthy(&stack).await;
+    assert!(reason.contains("token-processor"), "{reason}");
+    stack.spawn(Proc::TokenProcessor);
+    stack.wait_healthy(Duration::from_secs(60)).await;
+    assert!(first_success_within(&stack, RECOVERY).await.is_ok());
+}
+
+async fn get_json(stack: &Stack, path: &str) -> (u16, Value) {
+    let r = stack.client().get(stack.api(path)).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits (bounded by the liveness window and margin) for the api-server's /health to turn 503;
+/// returns its reason.
+async fn wait_unhealthy(stack: &Stack) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = get_json(stack, "/health").await;
+        if status == 503 {
+            return body.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health stayed {status} after a peer died: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
