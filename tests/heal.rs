@@ -180,3 +180,115 @@ async fn wait_unhealthy(stack: &Stack) -> String {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A process started beside the stack, killed when dropped.
+struct Extra(std::process::Child);
+
+impl Drop for Extra {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn extra(stack: &Stack, name: &str, args: &[&str]) -> Extra {
+    let log = std::fs::File::create(stack.dir.join(format!("{name}.log"))).unwrap();
+    Extra(
+        Command::new(binary(name))
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_process_with_a_live_ones_id_is_refused_and_the_first_keeps_serving() {
+    let _g = SERIAL.lock().await;
+    let stack = Stack::start(StackConfig {
+        worker_args: vec![
+            "--worker-id".into(),
+            "w-same".into(),
+            "--threads".into(),
+            "1".into(),
+        ],
+        api_args: vec!["--api-server-id".into(), "api-same".into()],
+        ..StackConfig::default()
+    })
+    .await;
+    let model = default_model().display().to_string();
+
+    // A second worker with the first one's id, pushing to the same token-processor.
+    let worker_api = stack.endpoint("worker-dup");
+    let tp_ingest = stack.endpoint("tp-ingest");
+    let _worker = extra(
+        &stack,
+        "engine-worker",
+        &[
+            "--model",
+            &model,
+            "--worker-id",
+            "w-same",
+            "--threads",
+            "1",
+            "--api-endpoint",
+            &worker_api,
+            "--tp-endpoint",
+            &tp_ingest,
+        ],
+    );
+    // A second api-server with the first one's id, on the same worker and token-processor.
+    let port = common::free_port().to_string();
+    let _api = extra(
+        &stack,
+        "api-server",
+        &[
+            "--model",
+            &model,
+            "--api-server-id",
+            "api-same",
+            "--port",
+            &port,
+            "--worker-endpoints",
+            &stack.endpoint("worker-0"),
+            "--tp-endpoint",
+            &stack.endpoint("tp-api"),
+        ],
+    );
+    let second_health = format!("http://127.0.0.1:{port}/health");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refused_api = loop {
+        let metrics = stack.metrics_text().await;
+        let counted =
+            common::stack::metric_sum(&metrics, "specula_hellos_refused_duplicate_id_total");
+        let health = match stack.client().get(&second_health).send().await {
+            Ok(r) => Some((r.status().as_u16(), r.text().await.unwrap_or_default())),
+            Err(_) => None,
+        };
+        if counted >= 2.0 {
+            if let Some((503, body)) = health.clone().filter(|(_, b)| b.contains("refused")) {
+                break body;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "duplicates not refused: counter {counted}, second api-server health {health:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused_api.contains("api-same"),
+        "names the id: {refused_api}"
+    );
+    let tp_log = stack.log(Proc::TokenProcessor);
+    assert!(
+        tp_log.contains("another live worker holds this id"),
+        "the token-processor names the refused worker"
+    );
+    // The first of each keeps serving.
+    assert!(first_success_within(&stack, Duration::from_secs(10))
+        .await
+        .is_ok());
+}

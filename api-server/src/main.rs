@@ -110,7 +110,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let api_server_id = args
         .api_server_id
         .clone()
-        .unwrap_or_else(|| format!("api-{}", args.port));
+        .unwrap_or_else(|| link::identity::default_id("api", &format!("port-{}", args.port)));
     let engine = EngineClient::start(EngineConfig::new(
         args.worker_endpoints.clone(),
         args.tp_endpoint.clone(),

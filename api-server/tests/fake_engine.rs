@@ -432,3 +432,44 @@ async fn engine_refusals_get_http_statuses_also_when_streaming() {
         assert_eq!(client.in_flight(), 0);
     }
 }
+
+#[tokio::test]
+async fn an_abort_the_server_did_not_ask_for_is_an_error_not_a_short_answer() {
+    // The worker ends the request on its own (drain deadline, or it lost this server).
+    let engine = FakeEngine::start(complete("Half an answ", FinishReason::Abort), 2).await;
+    let (base, client) = support::serve(&engine, Duration::from_secs(10)).await;
+    let r = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 50}),
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "engine_unavailable", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stopped this request"),
+        "{v}"
+    );
+
+    let r = post(
+        &base,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 50}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "the stream had started");
+    let data = sse_data(&r.text().await.unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "engine_unavailable", "{error}");
+    assert!(
+        data.iter()
+            .all(|d| !d.contains("\"finish_reason\":\"abort\"")),
+        "no chunk claims the answer ended: {data:?}"
+    );
+    assert_eq!(client.in_flight(), 0);
+}

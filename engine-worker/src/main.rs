@@ -81,9 +81,10 @@ struct Args {
     /// Forward-pass threads (default: all cores).
     #[arg(long, env = "SPECULA_THREADS")]
     threads: Option<usize>,
-    /// This worker's name in hellos, batches and metric labels.
-    #[arg(long, env = "SPECULA_WORKER_ID", default_value = "worker-0")]
-    worker_id: String,
+    /// This worker's name in hellos, batches and metric labels; unique among the workers of a
+    /// cluster (default: `worker@<host>/<api endpoint>`).
+    #[arg(long, env = "SPECULA_WORKER_ID")]
+    worker_id: Option<String>,
     /// ROUTER endpoint the api-servers connect to.
     #[arg(
         long,
@@ -151,7 +152,11 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(args))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<()> {
+    let worker_id = args
+        .worker_id
+        .get_or_insert_with(|| link::identity::default_id("worker", &args.api_endpoint))
+        .clone();
     let epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -172,7 +177,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "none"
     };
     let status = Arc::new(WorkerStatus::new(
-        args.worker_id.clone(),
+        worker_id.clone(),
         epoch,
         model_label.clone(),
         args.num_spec_tokens as u32,
@@ -229,7 +234,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     path,
                     args.num_spec_tokens,
                     &engine.backend().config().name,
-                    &args.worker_id,
+                    &worker_id,
                     engine.proposer_name(),
                 ) {
                     Ok(t) => Some(t),

@@ -97,4 +97,8 @@ pub enum WorkerToApi {
     },
     /// The worker does not know the sender (forgot it, or restarted): say hello again.
     AskHello,
+    /// The sender's hello was refused (e.g. its id is held by another live api-server).
+    Refused {
+        reason: String,
+    },
 }

@@ -68,4 +68,8 @@ pub enum TpToApi {
     Outputs(Vec<RequestOutput>),
     /// The token-processor does not know the sender (forgot it, or restarted): say hello again.
     AskHello,
+    /// The sender's hello was refused (e.g. its id is held by another live api-server).
+    Refused {
+        reason: String,
+    },
 }

@@ -81,7 +81,7 @@ impl Stack {
         stack
     }
 
-    fn endpoint(&self, name: &str) -> String {
+    pub fn endpoint(&self, name: &str) -> String {
         format!("ipc://{}/{name}.sock", self.dir.display())
     }
 

@@ -34,12 +34,22 @@ struct ApiServers {
 #[derive(Debug)]
 struct ApiPeer {
     routing_id: Bytes,
+    /// The api-server process (a restart is a new epoch).
+    epoch: u64,
     last_heard: Instant,
 }
 
 enum FromApi {
-    Hello { routing_id: Bytes, name: String },
-    Heartbeat { routing_id: Bytes, name: String },
+    Hello {
+        routing_id: Bytes,
+        name: String,
+        epoch: u64,
+    },
+    Heartbeat {
+        routing_id: Bytes,
+        name: String,
+        epoch: u64,
+    },
 }
 
 /// Runs until `outputs` is closed and drained. `live_workers` is the ingest's list of workers
@@ -67,6 +77,7 @@ pub async fn run(
                                 Ok(()) => FromApi::Hello {
                                     routing_id: routing_id.clone(),
                                     name: hello.api_server_id,
+                                    epoch: hello.epoch,
                                 },
                                 Err(e) => {
                                     tracing::warn!(error = %e, "refusing api-server hello");
@@ -74,9 +85,13 @@ pub async fn run(
                                 }
                             }
                         }
-                        Ok(ApiToTp::Heartbeat { api_server_id, .. }) => FromApi::Heartbeat {
+                        Ok(ApiToTp::Heartbeat {
+                            api_server_id,
+                            epoch,
+                        }) => FromApi::Heartbeat {
                             routing_id: routing_id.clone(),
                             name: api_server_id,
+                            epoch,
                         },
                         Err(e) => {
                             tracing::warn!(error = %e, "dropping malformed api-server frame");
@@ -133,14 +148,30 @@ pub async fn run(
             }
             msg = from_api.recv() => {
                 match msg {
-                    Some(FromApi::Hello { routing_id, name }) => {
+                    Some(FromApi::Hello { routing_id, name, epoch }) => {
+                        let now = Instant::now();
+                        let holder = peers.by_name.get(&name).filter(|p| {
+                            p.epoch != epoch && !liveness.is_silent(p.last_heard, now)
+                        });
+                        if holder.is_some() {
+                            metrics::duplicate_id_refused();
+                            tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
+                            let reason = format!("api-server id {name} is held by another live api-server; give each api-server its own --api-server-id");
+                            if let Ok(frame) = proto::encode(&TpToApi::Refused { reason }) {
+                                send_to(&mut send, &routing_id, Bytes::from(frame)).await;
+                            }
+                            continue;
+                        }
                         tracing::info!(api_server = %name, "api-server said hello");
                         send_to(&mut send, &routing_id, hello.clone()).await;
-                        peers.by_name.insert(name, ApiPeer { routing_id, last_heard: Instant::now() });
+                        peers.by_name.insert(name, ApiPeer { routing_id, epoch, last_heard: now });
                         metrics::set_api_servers_connected(peers.by_name.len());
                     }
-                    Some(FromApi::Heartbeat { routing_id, name }) => {
-                        let peer = peers.by_name.get_mut(&name).filter(|p| p.routing_id == routing_id);
+                    Some(FromApi::Heartbeat { routing_id, name, epoch }) => {
+                        let peer = peers
+                            .by_name
+                            .get_mut(&name)
+                            .filter(|p| p.routing_id == routing_id && p.epoch == epoch);
                         match Heard::of(peer.is_some()) {
                             Heard::Known => {
                                 if let Some(peer) = peer {

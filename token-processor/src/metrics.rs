@@ -46,6 +46,7 @@ pub const WORKERS_LOST: &str = "specula_workers_lost_total";
 pub const RESYNCS: &str = "specula_worker_resyncs_total";
 pub const MALFORMED_FRAMES: &str = "specula_ingest_frames_malformed_total";
 pub const OUTPUTS_DROPPED: &str = "specula_outputs_dropped_total";
+pub const DUPLICATE_IDS: &str = "specula_hellos_refused_duplicate_id_total";
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -68,7 +69,12 @@ const BATCH_BUCKETS: &[f64] = &[
 /// The process-wide counters, exported at 0 from startup. Every other series carries the
 /// `model` and `worker` labels and exists once that worker said hello (the spec: no series
 /// without those labels).
-const PROCESS_COUNTERS: &[&str] = &[UNKNOWN_WORKER_BATCHES, MALFORMED_FRAMES, OUTPUTS_DROPPED];
+const PROCESS_COUNTERS: &[&str] = &[
+    UNKNOWN_WORKER_BATCHES,
+    MALFORMED_FRAMES,
+    OUTPUTS_DROPPED,
+    DUPLICATE_IDS,
+];
 
 /// Installs the global Prometheus recorder and the binned histograms ([`binned`]: the
 /// histograms observed once per batch row). `max_spec_tokens` sets the per-step buckets
@@ -231,6 +237,11 @@ fn describe_all() {
         "Ingest frames that were not a valid message."
     );
     describe_counter!(
+        DUPLICATE_IDS,
+        Unit::Count,
+        "Hellos refused because a live worker or api-server already holds the id."
+    );
+    describe_counter!(
         OUTPUTS_DROPPED,
         Unit::Count,
         "Request outputs dropped: owner not connected or queue full."
@@ -365,6 +376,10 @@ pub fn unknown_worker_batch() {
 
 pub fn malformed_frame() {
     counter!(MALFORMED_FRAMES).increment(1);
+}
+
+pub fn duplicate_id_refused() {
+    counter!(DUPLICATE_IDS).increment(1);
 }
 
 pub fn outputs_dropped(n: usize) {

@@ -124,6 +124,7 @@ impl FakeApi {
                                 }
                             }
                             TpToApi::Hello(_) => {}
+                            TpToApi::Refused { reason } => panic!("{name} refused: {reason}"),
                             TpToApi::AskHello => {
                                 let hello = ApiToTp::Hello(ApiHello {
                                     protocol_version: proto::PROTOCOL_VERSION,

@@ -220,6 +220,9 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
         // Once, midway: worker 0 restarts; its in-flight requests must fail as WorkerLost.
         if !restarted && issued > TOTAL_REQUESTS / 2 {
             restarted = true;
+            // A restart takes longer than the liveness window (a new process loads the model);
+            // a new epoch while the old one still speaks would be refused as a duplicate id.
+            ms += 2_000;
             let w = &mut workers[0];
             w.epoch += 1;
             w.seq = 0;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::api_worker::{AddRequest, ApiToWorker, SamplingParams, StopConditions};
-use proto::RequestId;
+use proto::{FinishReason, RequestId};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -225,6 +225,12 @@ impl RequestHandle {
             return EngineEvent::Failed(EngineFailure::Dropped);
         }
         let event = match self.rx.recv().await {
+            // An abort we did not ask for cut the answer short: an error, never a short 200.
+            Some(EngineEvent::Finished(f))
+                if f.reason == FinishReason::Abort && !self.abort_sent =>
+            {
+                EngineEvent::Failed(EngineFailure::StoppedByEngine)
+            }
             Some(event) => event,
             None => EngineEvent::Failed(EngineFailure::Dropped),
         };

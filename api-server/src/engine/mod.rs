@@ -63,6 +63,9 @@ pub enum EngineFailure {
     Engine,
     /// Our reader fell behind and its outputs were dropped.
     Dropped,
+    /// The worker stopped the request without our asking (its drain deadline passed, or it
+    /// lost contact with this server): the text so far is not the whole answer.
+    StoppedByEngine,
     ShuttingDown,
 }
 
@@ -85,6 +88,9 @@ impl EngineFailure {
             }
             Self::Engine => "the engine failed this request".into(),
             Self::Dropped => "the request's output could not be delivered in time".into(),
+            Self::StoppedByEngine => {
+                "the engine stopped this request before it finished; retry it".into()
+            }
             Self::ShuttingDown => "the server is shutting down".into(),
         }
     }

@@ -21,6 +21,8 @@ pub struct WorkerPeer {
     pub accepting: bool,
     /// running + waiting from the last heartbeat (all api-servers' requests).
     pub reported_load: u32,
+    /// Why the worker refused our hello, or why we refused its (until the next hello).
+    pub refused: Option<String>,
 }
 
 impl WorkerPeer {
@@ -33,6 +35,7 @@ impl WorkerPeer {
             last_heard: None,
             accepting: false,
             reported_load: 0,
+            refused: None,
         }
     }
 
@@ -72,7 +75,14 @@ impl WorkerPeer {
         self.hello = Some(hello);
         self.alive = true;
         self.last_heard = Some(now);
+        self.refused = None;
         restarted
+    }
+
+    /// The worker refused our hello (or we refused its): not alive until a hello succeeds.
+    pub fn on_refused(&mut self, reason: String) {
+        self.alive = false;
+        self.refused = Some(reason);
     }
 
     /// A heartbeat counts only from a live worker of the hello's epoch; anything else (declared
@@ -115,6 +125,8 @@ pub struct TpPeer {
     pub last_heard: Option<Instant>,
     /// The TP re-sends its hello every interval (it is its heartbeat); the rule we expect.
     pub liveness: Liveness,
+    /// Why the token-processor refused our hello (until it accepts one).
+    pub refused: Option<String>,
 }
 
 impl TpPeer {
@@ -125,6 +137,7 @@ impl TpPeer {
             alive: false,
             last_heard: None,
             liveness,
+            refused: None,
         }
     }
 
@@ -132,6 +145,13 @@ impl TpPeer {
         self.hello = Some(hello);
         self.alive = true;
         self.last_heard = Some(now);
+        self.refused = None;
+    }
+
+    /// The token-processor refused our hello: not alive until it accepts one.
+    pub fn on_refused(&mut self, reason: String) {
+        self.alive = false;
+        self.refused = Some(reason);
     }
 
     /// Outputs count as a sign of life only from a live token-processor; from one declared dead

@@ -131,7 +131,25 @@ impl Shared {
                     max_model_len = hello.max_model_len,
                     "engine-worker said hello"
                 );
-                let restarted = lock(&self.workers)[worker].on_hello(hello, now);
+                let mut workers = lock(&self.workers);
+                let holder = workers.iter().enumerate().find(|(i, w)| {
+                    *i != worker
+                        && w.alive
+                        && w.hello
+                            .as_ref()
+                            .is_some_and(|h| h.worker_id == hello.worker_id)
+                });
+                if let Some((other, _)) = holder {
+                    tracing::error!(worker, other, worker_id = %hello.worker_id, "engine-worker refused: another live engine-worker holds this id");
+                    let reason = format!(
+                        "engine-worker id {} is held by the worker at {}; give each worker its own --worker-id",
+                        hello.worker_id, workers[other].endpoint
+                    );
+                    workers[worker].on_refused(reason);
+                    return Reply::Nothing;
+                }
+                let restarted = workers[worker].on_hello(hello, now);
+                drop(workers);
                 if restarted {
                     let lost =
                         lock(&self.registry).fail_all(Some(worker), EngineFailure::WorkerLost);
@@ -148,6 +166,11 @@ impl Shared {
             WorkerToApi::AskHello => {
                 tracing::info!(worker, "engine-worker asks for our hello");
                 Reply::Hello
+            }
+            WorkerToApi::Refused { reason } => {
+                tracing::error!(worker, %reason, "engine-worker refused our hello");
+                lock(&self.workers)[worker].on_refused(reason);
+                Reply::Nothing
             }
         }
     }
@@ -185,6 +208,11 @@ impl Shared {
             TpToApi::AskHello => {
                 tracing::info!("token-processor asks for our hello");
                 Reply::Hello
+            }
+            TpToApi::Refused { reason } => {
+                tracing::error!(%reason, "token-processor refused our hello");
+                lock(&self.tp).on_refused(reason);
+                Reply::Nothing
             }
         }
     }
@@ -252,6 +280,11 @@ impl Shared {
             return Err("shutting down".into());
         }
         let tp = lock(&self.tp);
+        if let Some(reason) = &tp.refused {
+            return Err(format!(
+                "the token-processor refused this api-server: {reason}"
+            ));
+        }
         if !tp.alive {
             return Err("token-processor has not said hello recently".into());
         }
@@ -266,9 +299,18 @@ impl Shared {
             .filter_map(WorkerPeer::worker_id)
             .collect();
         if routable.is_empty() {
+            let refusals: Vec<&str> = workers
+                .iter()
+                .filter_map(|w| w.refused.as_deref())
+                .collect();
             return Err(format!(
-                "no live engine-worker accepts requests ({alive} of {} alive)",
-                workers.len()
+                "no live engine-worker accepts requests ({alive} of {} alive){}",
+                workers.len(),
+                if refusals.is_empty() {
+                    String::new()
+                } else {
+                    format!("; refused: {}", refusals.join("; "))
+                }
             ));
         }
         Err(format!(

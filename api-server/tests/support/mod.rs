@@ -143,17 +143,16 @@ fn routed(identity: &bytes::Bytes, payload: Vec<u8>) -> ZmqMessage {
 
 impl FakeEngine {
     pub async fn start(behaviour: Behaviour, num_spec_tokens: u32) -> Self {
-        let worker_endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        let tp_endpoint = format!("tcp://127.0.0.1:{}", free_port());
         let record = Arc::new(Mutex::new(Record::default()));
         let behaviour = Arc::new(Mutex::new(behaviour));
         let aborted = Arc::new(Mutex::new(HashSet::new()));
         let (add_tx, add_rx) = mpsc::channel(1024);
 
+        // Port 0: the system picks a free port at bind time (no race with other tests).
         let mut worker = RouterSocket::new();
-        worker.bind(&worker_endpoint).await.unwrap();
+        let worker_endpoint = worker.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
         let mut tp = RouterSocket::new();
-        tp.bind(&tp_endpoint).await.unwrap();
+        let tp_endpoint = tp.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
 
         let worker_task = tokio::spawn(run_worker(
             worker,

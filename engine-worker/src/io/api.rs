@@ -96,7 +96,7 @@ pub async fn run_api_link(
                 match proto::decode::<ApiToWorker>(&payload) {
                     Ok(msg) => {
                         let limits = limits.borrow().clone();
-                        handle(&mut socket, &mut peers, &status, &commands, limits.as_ref(), routing_id, msg).await;
+                        handle(&mut socket, &mut peers, liveness, &status, &commands, limits.as_ref(), routing_id, msg).await;
                     }
                     Err(err) => tracing::warn!(error = %err, "undecodable api message dropped"),
                 }
@@ -150,9 +150,11 @@ pub async fn run_api_link(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     socket: &mut RouterSendHalf,
     peers: &mut HashMap<String, ApiPeer>,
+    liveness: Liveness,
     status: &WorkerStatus,
     commands: &SyncSender<EngineCommand>,
     limits: Option<&ApiLinkConfig>,
@@ -166,6 +168,16 @@ async fn handle(
                 return;
             }
             if let Some(old) = peers.get(&hello.api_server_id) {
+                if old.epoch != hello.epoch && !liveness.is_silent(old.last_seen, Instant::now()) {
+                    // Another process with a live api-server's id would take its outputs.
+                    tracing::error!(api_server = %hello.api_server_id, "hello refused: another live api-server holds this id");
+                    let reason = format!(
+                        "api-server id {} is held by another live api-server; give each api-server its own --api-server-id",
+                        hello.api_server_id
+                    );
+                    send(socket, routing_id, &WorkerToApi::Refused { reason }).await;
+                    return;
+                }
                 if old.epoch != hello.epoch {
                     // Restarted: its old requests have no one to report to.
                     push_command(

@@ -251,6 +251,12 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
         ("tp_to_api_outputs", enc(&TpToApi::Outputs(outputs()))),
         ("tp_to_api_ask_hello", enc(&TpToApi::AskHello)),
         ("worker_to_api_ask_hello", enc(&WorkerToApi::AskHello)),
+        (
+            "tp_to_api_refused",
+            enc(&TpToApi::Refused {
+                reason: "api-server id api-a is held by another live api-server".into(),
+            }),
+        ),
     ]
 }
 

@@ -98,6 +98,8 @@ pub struct IngestStats {
     pub stale: u64,
     pub unknown_worker_batches: u64,
     pub refused_hellos: u64,
+    /// Hellos refused because a live worker holds the id.
+    pub duplicate_ids: u64,
     pub workers_lost: u64,
     pub resyncs: u64,
 }
@@ -220,6 +222,16 @@ impl Ingest {
                 // A reconnect of the same process: keep its state (a resync follows).
                 entry.last_heard_ns = now.mono_ns;
                 entry.hello.ready = hello.ready;
+                return;
+            }
+            if !entry.is_silent(now) {
+                // Another process with the same id while the first still speaks: two workers
+                // would mix their batches. A restarted worker gets in once the old epoch's
+                // silence passes the window (its hello repeats).
+                tracing::error!(worker = %hello.worker_id, live_epoch = entry.hello.epoch, refused_epoch = hello.epoch, "hello refused: another live worker holds this id");
+                self.stats.refused_hellos += 1;
+                self.stats.duplicate_ids += 1;
+                metrics::duplicate_id_refused();
                 return;
             }
             tracing::warn!(worker = %hello.worker_id, old_epoch = entry.hello.epoch, new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");

@@ -191,7 +191,14 @@ fn duplicates_and_other_epochs_are_ignored() {
 fn a_new_epoch_fails_the_old_epochs_requests_as_worker_lost() {
     let mut ingest = Ingest::new(IngestConfig::default());
     started(&mut ingest);
+    // While the old epoch still speaks, another process with its id is refused.
     let out = feed(&mut ingest, hello(2, 4), 3);
+    assert!(out.is_empty());
+    assert_eq!(ingest.stats().duplicate_ids, 1);
+    assert_eq!(ingest.worker(W).unwrap().hello.epoch, 1);
+    assert_eq!(ingest.in_flight(), 2);
+    // Once the old epoch fell silent past its window, the new one is a restart.
+    let out = feed(&mut ingest, hello(2, 4), 400);
     assert_eq!(
         finals(&out),
         vec![
@@ -202,8 +209,8 @@ fn a_new_epoch_fails_the_old_epochs_requests_as_worker_lost() {
     assert_eq!(ingest.in_flight(), 0);
     assert_eq!(ingest.worker(W).unwrap().hello.epoch, 2);
     // The same epoch saying hello again (a reconnect) keeps its state.
-    feed(&mut ingest, B::new(2, 0).start(9, "api-a").msg(), 4);
-    feed(&mut ingest, hello(2, 4), 5);
+    feed(&mut ingest, B::new(2, 0).start(9, "api-a").msg(), 401);
+    feed(&mut ingest, hello(2, 4), 402);
     assert_eq!(ingest.in_flight(), 1);
 }
 
