@@ -60,6 +60,10 @@ struct Args {
     /// Upper bound on any request's duration; past it the request is aborted with an error.
     #[arg(long, env = "SPECULA_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
     request_timeout_secs: u64,
+    /// A request without output for this long is checked with its worker, and ends with an
+    /// error if the worker no longer holds it (a lost output never leaves it waiting).
+    #[arg(long, env = "SPECULA_STALL_TIMEOUT_SECS", default_value_t = 30)]
+    stall_timeout_secs: u64,
     /// This api-server's stable name; workers and the token-processor route its outputs by it
     /// (default: `api-<port>`, unique per host).
     #[arg(long, env = "SPECULA_API_SERVER_ID")]
@@ -111,11 +115,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .api_server_id
         .clone()
         .unwrap_or_else(|| link::identity::default_id("api", &format!("port-{}", args.port)));
-    let engine = EngineClient::start(EngineConfig::new(
+    let mut engine_config = EngineConfig::new(
         args.worker_endpoints.clone(),
         args.tp_endpoint.clone(),
         api_server_id.clone(),
-    ));
+    );
+    engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
+    let engine = EngineClient::start(engine_config);
     let model_root = args.model.display().to_string();
     let served_model_name = args
         .served_model_name

@@ -473,3 +473,63 @@ async fn an_abort_the_server_did_not_ask_for_is_an_error_not_a_short_answer() {
     );
     assert_eq!(client.in_flight(), 0);
 }
+
+#[tokio::test]
+async fn a_request_whose_output_was_lost_ends_with_an_error_after_the_stall_timeout() {
+    // The test client's stall timeout is 1 s; the request timeout is far away.
+    let engine = FakeEngine::start(Behaviour::Lost, 2).await;
+    let (base, client) = support::serve(&engine, Duration::from_secs(120)).await;
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(15),
+        post(
+            &base,
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 5}),
+        ),
+    )
+    .await
+    .expect("ends long before the request timeout");
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer holds"),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "not before the stall timeout"
+    );
+    let id = engine.adds()[0].id;
+    assert!(
+        engine.probes().iter().any(|p| p.contains(&id)),
+        "the worker was asked"
+    );
+    assert_eq!(client.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_slow_request_the_worker_still_holds_is_not_ended() {
+    // Output every 1.5 s: slower than the 1 s stall timeout, but the worker holds it.
+    let engine = FakeEngine::start(
+        Behaviour::Paced {
+            tokens: tokens_of("Paris.", true),
+            finish: FinishReason::Stop,
+            delay: Duration::from_millis(1500),
+        },
+        2,
+    )
+    .await;
+    let (base, _client) = support::serve(&engine, Duration::from_secs(60)).await;
+    let r = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Hi", "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(!engine.probes().is_empty(), "it was probed, and kept");
+}

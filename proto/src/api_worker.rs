@@ -64,6 +64,9 @@ pub struct Abort {
     pub id: RequestId,
 }
 
+/// Most request ids in one [`ApiToWorker::Probe`].
+pub const MAX_PROBE_IDS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ApiToWorker {
     Hello(ApiHello),
@@ -73,6 +76,11 @@ pub enum ApiToWorker {
     Heartbeat {
         api_server_id: String,
         epoch: u64,
+    },
+    /// Requests of the sender that made no progress for a long time: the worker answers with
+    /// [`WorkerToApi::NotHeld`] for those it does not hold (at most [`MAX_PROBE_IDS`]).
+    Probe {
+        ids: Vec<RequestId>,
     },
 }
 
@@ -97,6 +105,11 @@ pub enum WorkerToApi {
     },
     /// The worker does not know the sender (forgot it, or restarted): say hello again.
     AskHello,
+    /// Answer to [`ApiToWorker::Probe`]: of the probed requests, those this worker does not
+    /// hold (finished, aborted, or never received); their outputs will not come.
+    NotHeld {
+        ids: Vec<RequestId>,
+    },
     /// The sender's hello was refused (e.g. its id is held by another live api-server).
     Refused {
         reason: String,

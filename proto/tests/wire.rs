@@ -58,6 +58,14 @@ fn every_message_round_trips() {
     }));
     roundtrip(TpToApi::AskHello);
     roundtrip(WorkerToApi::AskHello);
+    roundtrip(TpToApi::Refused {
+        reason: "taken".into(),
+    });
+    roundtrip(WorkerToApi::Refused {
+        reason: "taken".into(),
+    });
+    roundtrip(ApiToWorker::Probe { ids: vec![1, 2] });
+    roundtrip(WorkerToApi::NotHeld { ids: vec![2] });
     roundtrip(TpToApi::Outputs(samples::outputs()));
 }
 

@@ -11,6 +11,8 @@ pub mod peers;
 pub mod registry;
 pub(crate) mod shared;
 
+use std::time::Duration;
+
 use link::Liveness;
 
 use proto::api_worker::RejectReason;
@@ -29,6 +31,9 @@ pub struct EngineConfig {
     pub liveness: Liveness,
     /// Most engine requests in flight at once; more get a 429.
     pub max_in_flight: usize,
+    /// A request without output for this long is checked with its worker; if the worker no
+    /// longer holds it, it ends with an error instead of waiting for the request timeout.
+    pub stall_timeout: Duration,
 }
 
 impl EngineConfig {
@@ -38,6 +43,7 @@ impl EngineConfig {
             tp_endpoint,
             api_server_id,
             liveness: Liveness::default(),
+            stall_timeout: Duration::from_secs(30),
             max_in_flight: 4096,
         }
     }
@@ -63,6 +69,8 @@ pub enum EngineFailure {
     Engine,
     /// Our reader fell behind and its outputs were dropped.
     Dropped,
+    /// The output stopped and the worker no longer holds the request.
+    NotHeld,
     /// The worker stopped the request without our asking (its drain deadline passed, or it
     /// lost contact with this server): the text so far is not the whole answer.
     StoppedByEngine,
@@ -88,6 +96,9 @@ impl EngineFailure {
             }
             Self::Engine => "the engine failed this request".into(),
             Self::Dropped => "the request's output could not be delivered in time".into(),
+            Self::NotHeld => {
+                "the request's output stopped and the engine no longer holds it; retry it".into()
+            }
             Self::StoppedByEngine => {
                 "the engine stopped this request before it finished; retry it".into()
             }

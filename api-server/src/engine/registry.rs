@@ -3,6 +3,7 @@
 //! dropped by `first_index`). Bounded: [`Registry::insert`] refuses past the cap.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use proto::tp_api::{OutputErrorKind, RequestOutput};
 use proto::{FinishReason, RequestId};
@@ -18,7 +19,14 @@ struct Entry {
     tx: mpsc::Sender<EngineEvent>,
     /// Output tokens delivered so far; the next expected `first_index`.
     delivered: u32,
+    /// When the request was submitted or last delivered tokens.
+    last_progress: Instant,
+    /// When we last asked its worker whether it still holds it.
+    probed: Option<Instant>,
 }
+
+/// How often one stalled request is probed at most.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// What became of one dispatched output.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,6 +80,8 @@ impl Registry {
                 worker,
                 tx,
                 delivered: 0,
+                last_progress: Instant::now(),
+                probed: None,
             },
         );
         self.per_worker[worker] += 1;
@@ -110,6 +120,28 @@ impl Registry {
             .collect()
     }
 
+    /// Requests without progress for `stall` that were not probed in the last [`PROBE_EVERY`],
+    /// as `(worker, id)`; marks them probed.
+    pub fn stalled(&mut self, now: Instant, stall: Duration) -> Vec<(usize, RequestId)> {
+        self.entries
+            .iter_mut()
+            .filter(|(_, e)| now.saturating_duration_since(e.last_progress) > stall)
+            .filter(|(_, e)| {
+                e.probed
+                    .is_none_or(|t| now.saturating_duration_since(t) >= PROBE_EVERY)
+            })
+            .map(|(id, e)| {
+                e.probed = Some(now);
+                (e.worker, *id)
+            })
+            .collect()
+    }
+
+    /// The worker running `id`, if it is registered.
+    pub fn worker_of(&self, id: RequestId) -> Option<usize> {
+        self.entries.get(&id).map(|e| e.worker)
+    }
+
     /// Delivers one output from the token-processor.
     pub fn dispatch(&mut self, out: RequestOutput) -> Dispatch {
         let Some(entry) = self.entries.get_mut(&out.id) else {
@@ -130,6 +162,7 @@ impl Registry {
         if skip < out.tokens.len() {
             let fresh = out.tokens[skip..].to_vec();
             entry.delivered = out.first_index + out.tokens.len() as u32;
+            entry.last_progress = Instant::now();
             if entry.tx.try_send(EngineEvent::Tokens(fresh)).is_err() {
                 self.remove(out.id);
                 return Dispatch::Dropped { worker };

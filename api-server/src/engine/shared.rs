@@ -4,12 +4,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use link::liveness::Heard;
 use link::service::Watchdog;
 use link::{Sweep, Sweeper};
-use proto::api_worker::{Abort, ApiToWorker, WorkerToApi};
+use proto::api_worker::{Abort, ApiToWorker, WorkerToApi, MAX_PROBE_IDS};
 use proto::tp_api::TpToApi;
 use proto::RequestId;
 use tokio::sync::mpsc;
@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub accepting: AtomicBool,
     sweeper: Mutex<Sweeper>,
     watchdog: Mutex<Watchdog>,
+    /// When stalled requests were last looked for.
+    stall_check: Mutex<Instant>,
 }
 
 impl Shared {
@@ -78,6 +80,7 @@ impl Shared {
             accepting: AtomicBool::new(true),
             sweeper: Mutex::new(Sweeper::new(config.liveness)),
             watchdog: Mutex::new(Watchdog::from_env()),
+            stall_check: Mutex::new(Instant::now()),
             config,
         }
     }
@@ -166,6 +169,24 @@ impl Shared {
             WorkerToApi::AskHello => {
                 tracing::info!(worker, "engine-worker asks for our hello");
                 Reply::Hello
+            }
+            WorkerToApi::NotHeld { ids } => {
+                let mut registry = lock(&self.registry);
+                let mut lost = 0;
+                for id in ids {
+                    if registry.worker_of(id) == Some(worker) {
+                        registry.fail(id, EngineFailure::NotHeld);
+                        lost += 1;
+                    }
+                }
+                if lost > 0 {
+                    tracing::warn!(
+                        worker,
+                        requests = lost,
+                        "stalled requests the engine-worker no longer holds ended with an error"
+                    );
+                }
+                Reply::Nothing
             }
             WorkerToApi::Refused { reason } => {
                 tracing::error!(worker, %reason, "engine-worker refused our hello");
@@ -264,12 +285,40 @@ impl Shared {
                 self.send_abort(worker, id);
             }
         }
+        self.probe_stalled(now);
         if lock(&self.tp).check_liveness(now) {
             let lost = lock(&self.registry).fail_all(None, EngineFailure::TokenProcessorLost);
             tracing::warn!(requests = lost.len(), "token-processor declared dead");
             // Their outputs can no longer reach us: stop the work.
             for (id, worker) in lost {
                 self.send_abort(worker, id);
+            }
+        }
+    }
+
+    /// Once a second: asks each worker about our requests that made no progress for the stall
+    /// timeout (a lost final output, a dropped rejection); its `NotHeld` answer ends them.
+    fn probe_stalled(&self, now: Instant) {
+        {
+            let mut last = lock(&self.stall_check);
+            if now.saturating_duration_since(*last) < Duration::from_secs(1) {
+                return;
+            }
+            *last = now;
+        }
+        let stalled = lock(&self.registry).stalled(now, self.config.stall_timeout);
+        let mut by_worker: Vec<Vec<RequestId>> = vec![Vec::new(); self.worker_tx.len()];
+        for (worker, id) in stalled {
+            if let Some(ids) = by_worker.get_mut(worker) {
+                ids.push(id);
+            }
+        }
+        for (worker, ids) in by_worker.into_iter().enumerate() {
+            for chunk in ids.chunks(MAX_PROBE_IDS) {
+                // A full queue: the link is down or behind; they are probed again later.
+                let _ = self.worker_tx[worker].try_send(ApiToWorker::Probe {
+                    ids: chunk.to_vec(),
+                });
             }
         }
     }

@@ -63,6 +63,7 @@ pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
 pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> EngineConfig {
     let mut cfg = EngineConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
     cfg.liveness = link::Liveness::new(INTERVAL);
+    cfg.stall_timeout = Duration::from_secs(1);
     cfg
 }
 
@@ -97,12 +98,16 @@ pub enum Behaviour {
         finish: FinishReason,
         delay: Duration,
     },
+    /// The request's output is lost on the way (the worker finished it, the final output never
+    /// arrives): nothing is emitted, and a probe learns the worker does not hold it.
+    Lost,
 }
 
 #[derive(Default)]
 pub struct Record {
     pub adds: Vec<AddRequest>,
     pub aborts: Vec<RequestId>,
+    pub probes: Vec<Vec<RequestId>>,
 }
 
 pub struct FakeEngine {
@@ -192,6 +197,10 @@ impl FakeEngine {
         self.record.lock().unwrap().aborts.clone()
     }
 
+    pub fn probes(&self) -> Vec<Vec<RequestId>> {
+        self.record.lock().unwrap().probes.clone()
+    }
+
     pub fn adds(&self) -> Vec<AddRequest> {
         self.record.lock().unwrap().adds.clone()
     }
@@ -240,6 +249,7 @@ async fn run_worker(
                                 record.lock().unwrap().adds.push(add.clone());
                                 let refusal = match &*behaviour.lock().unwrap() {
                                     Behaviour::Reject(reason) => Some(reason.clone()),
+                                    Behaviour::Lost => continue,
                                     _ => None,
                                 };
                                 match refusal {
@@ -257,6 +267,13 @@ async fn run_worker(
                                 aborted.lock().unwrap().insert(abort.id);
                             }
                             ApiToWorker::Heartbeat { .. } => {}
+                            ApiToWorker::Probe { ids } => {
+                                record.lock().unwrap().probes.push(ids.clone());
+                                if matches!(&*behaviour.lock().unwrap(), Behaviour::Lost) {
+                                    let msg = WorkerToApi::NotHeld { ids };
+                                    let _ = tx.send(routed(&identity, proto::encode(&msg).unwrap())).await;
+                                }
+                            }
                         }
                     }
                     _ = tick.tick() => {
@@ -323,7 +340,7 @@ async fn generate(
             last.speculate_metrics = metrics(add.id & 0xFF);
             let _ = out.send(last).await;
         }
-        Behaviour::Reject(_) => {}
+        Behaviour::Reject(_) | Behaviour::Lost => {}
         Behaviour::Paced {
             tokens,
             finish,

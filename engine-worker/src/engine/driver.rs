@@ -140,6 +140,16 @@ impl<B: Backend> Engine<B> {
         self.end_request(id, FinishReason::Abort)
     }
 
+    /// Of `ids`, those this engine does not hold (neither running nor waiting).
+    pub fn not_held(&self, ids: &[RequestId]) -> Vec<RequestId> {
+        let held: std::collections::HashSet<RequestId> =
+            self.scheduler.iter().map(|s| s.id).collect();
+        ids.iter()
+            .copied()
+            .filter(|id| !held.contains(id))
+            .collect()
+    }
+
     /// Aborts every request owned by `owner` (an api-server that went silent).
     pub fn abort_owner(&mut self, owner: &str) -> usize {
         let ids: Vec<RequestId> = self

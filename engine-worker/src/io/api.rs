@@ -241,6 +241,19 @@ async fn handle(
         ApiToWorker::Abort(abort) => {
             push_command(commands, EngineCommand::Abort(abort.id)).await;
         }
+        ApiToWorker::Probe { mut ids } => {
+            let Some(owner) = peers
+                .iter()
+                .find(|(_, p)| p.routing_id == routing_id)
+                .map(|(name, _)| name.clone())
+            else {
+                send(socket, routing_id, &WorkerToApi::AskHello).await;
+                return;
+            };
+            ids.truncate(proto::api_worker::MAX_PROBE_IDS);
+            // Best effort: a probe lost to a full queue is asked again.
+            let _ = commands.try_send(EngineCommand::Probe { owner, ids });
+        }
     }
 }
 

@@ -13,6 +13,11 @@ pub enum EngineCommand {
     Abort(RequestId),
     /// An api-server went silent: abort everything it owns.
     AbortOwner(String),
+    /// An api-server asks which of its stalled requests we no longer hold.
+    Probe {
+        owner: String,
+        ids: Vec<RequestId>,
+    },
     /// Shutdown: finish what runs until `deadline`, abort the rest, say goodbye, stop.
     Drain {
         deadline: Instant,

@@ -136,6 +136,17 @@ fn handle_command<B: Backend>(
         EngineCommand::Abort(id) => {
             engine.abort(id);
         }
+        EngineCommand::Probe { owner, ids } => {
+            let ids = engine.not_held(&ids);
+            if !ids.is_empty() {
+                let msg = WorkerToApi::NotHeld { ids };
+                if io.to_api.try_send(ApiOutbound { owner, msg }).is_err() {
+                    tracing::warn!(
+                        "api outbound queue full; a probe answer was dropped (it is asked again)"
+                    );
+                }
+            }
+        }
         EngineCommand::AbortOwner(owner) => {
             let aborted = engine.abort_owner(&owner);
             tracing::warn!(owner = %owner, aborted, "api-server silent; its requests aborted");

@@ -252,6 +252,16 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
         ("tp_to_api_ask_hello", enc(&TpToApi::AskHello)),
         ("worker_to_api_ask_hello", enc(&WorkerToApi::AskHello)),
         (
+            "api_to_worker_probe",
+            enc(&ApiToWorker::Probe {
+                ids: vec![7, u64::MAX],
+            }),
+        ),
+        (
+            "worker_to_api_not_held",
+            enc(&WorkerToApi::NotHeld { ids: vec![7] }),
+        ),
+        (
             "tp_to_api_refused",
             enc(&TpToApi::Refused {
                 reason: "api-server id api-a is held by another live api-server".into(),
