@@ -292,3 +292,51 @@ async fn a_second_process_with_a_live_ones_id_is_refused_and_the_first_keeps_ser
         .await
         .is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_workers_drain_deadline_ends_a_stream_with_an_explicit_error() {
+    let _g = SERIAL.lock().await;
+    let mut stack = Stack::start(StackConfig {
+        worker_args: vec!["--drain-timeout-secs".into(), "1".into()],
+        ..StackConfig::default()
+    })
+    .await;
+    let mut body = completion_body("Write a very long story about a lighthouse.", 1500, true);
+    body["ignore_eos"] = true.into();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
+    let task = tokio::spawn(async move {
+        let mut started = Some(started_tx);
+        common::openai::stream(&http, &url, &body, |_| {
+            if let Some(tx) = started.take() {
+                let _ = tx.send(());
+            }
+            true
+        })
+        .await
+    });
+    started_rx.await.expect("the stream started");
+    stack.signal(Proc::EngineWorker, "TERM");
+    let s = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the stream ends soon after the drain deadline")
+        .unwrap();
+    assert_eq!(s.http_status, 200);
+    assert!(s.done, "the stream is closed with [DONE]: {s:?}");
+    let error = s
+        .error
+        .as_ref()
+        .expect("an error event, not a short answer");
+    assert!(
+        error.get("transport").is_none(),
+        "a server error event: {error}"
+    );
+    assert_eq!(error["code"], "engine_unavailable", "{error}");
+    assert_ne!(s.finish_reason.as_deref(), Some("abort"), "{s:?}");
+    assert_eq!(
+        stack
+            .wait_exit(Proc::EngineWorker, Duration::from_secs(20))
+            .await,
+        Some(0)
+    );
+}

@@ -102,17 +102,23 @@ impl EngineClient {
     /// What `/health` shows operators (and the leak tests): in-flight requests here, and each
     /// worker's liveness and load as its last heartbeat reported it.
     pub fn status(&self) -> serde_json::Value {
+        let tp = lock(&self.shared.tp);
         let workers: Vec<_> = lock(&self.shared.workers)
             .iter()
             .map(|w| {
                 serde_json::json!({
                     "endpoint": w.endpoint,
+                    "worker_id": w.worker_id(),
                     "alive": w.alive,
+                    "connected": w.connected,
                     "accepting": w.accepting,
+                    "ready": w.hello.as_ref().is_some_and(|h| h.ready),
+                    "token_processor_takes_its_batches": w.worker_id().is_some_and(|id| tp.takes_batches_of(id)),
                     "running_and_waiting": w.reported_load,
                 })
             })
             .collect();
+        drop(tp);
         serde_json::json!({
             "in_flight": self.in_flight(),
             "token_processor_alive": lock(&self.shared.tp).alive,

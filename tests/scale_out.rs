@@ -1,0 +1,378 @@
+//! Scale-out as a tested topology: 2 engine-workers, 2 api-servers and 1 token-processor over tcp
+//! on loopback. Requests through both api-servers spread over both workers; every request's
+//! figures are right; the counters per `worker` label add up; `kill -9` of one worker ends its
+//! requests with explicit errors while the other keeps serving, and the restarted one rejoins.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::openai::{completion_body, stream, Streamed};
+use common::stack::metric_sum;
+use common::{binary, default_model, free_port, wait_until};
+use serde_json::Value;
+
+struct Cluster {
+    dir: std::path::PathBuf,
+    tp_ingest: String,
+    tp_api: String,
+    metrics_port: u16,
+    worker_endpoints: [String; 2],
+    api_ports: [u16; 2],
+    workers: [Option<Child>; 2],
+    others: Vec<Child>,
+    http: reqwest::Client,
+}
+
+const WORKER_IDS: [&str; 2] = ["w-a", "w-b"];
+const API_IDS: [&str; 2] = ["api-a", "api-b"];
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let tcp = || format!("tcp://127.0.0.1:{}", free_port());
+        let dir = std::env::temp_dir().join(format!("specula-scale-{}", free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Cluster {
+            dir,
+            tp_ingest: tcp(),
+            tp_api: tcp(),
+            metrics_port: free_port(),
+            worker_endpoints: [tcp(), tcp()],
+            api_ports: [free_port(), free_port()],
+            workers: [None, None],
+            others: Vec::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        };
+        let tp = c.spawn(
+            "token-processor",
+            "tp",
+            &[
+                "--ingest-endpoint",
+                &c.tp_ingest.clone(),
+                "--api-endpoint",
+                &c.tp_api.clone(),
+                "--metrics-port",
+                &c.metrics_port.to_string(),
+            ],
+        );
+        c.others.push(tp);
+        for i in 0..2 {
+            c.start_worker(i);
+        }
+        let workers = c.worker_endpoints.join(",");
+        for i in 0..2 {
+            let api = c.spawn(
+                "api-server",
+                API_IDS[i],
+                &[
+                    "--model",
+                    &default_model().display().to_string(),
+                    "--port",
+                    &c.api_ports[i].to_string(),
+                    "--api-server-id",
+                    API_IDS[i],
+                    "--worker-endpoints",
+                    &workers,
+                    "--tp-endpoint",
+                    &c.tp_api.clone(),
+                ],
+            );
+            c.others.push(api);
+        }
+        c.wait_both_workers_serving().await;
+        c
+    }
+
+    fn spawn(&self, binary_name: &str, log: &str, args: &[&str]) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{log}.log")))
+            .unwrap();
+        Command::new(binary(binary_name))
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    fn start_worker(&mut self, i: usize) {
+        let child = self.spawn(
+            "engine-worker",
+            WORKER_IDS[i],
+            &[
+                "--model",
+                &default_model().display().to_string(),
+                "--worker-id",
+                WORKER_IDS[i],
+                "--api-endpoint",
+                &self.worker_endpoints[i].clone(),
+                "--tp-endpoint",
+                &self.tp_ingest.clone(),
+                "--threads",
+                "1",
+            ],
+        );
+        self.workers[i] = Some(child);
+    }
+
+    fn kill_worker(&mut self, i: usize) {
+        let mut child = self.workers[i].take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn api(&self, i: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.api_ports[i])
+    }
+
+    async fn get(&self, url: &str) -> Option<Value> {
+        let r = self.http.get(url).send().await.ok()?;
+        r.json().await.ok()
+    }
+
+    async fn metrics(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        match self.http.get(url).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Both api-servers see both workers alive and the token-processor takes both.
+    async fn wait_both_workers_serving(&self) {
+        wait_until(
+            Duration::from_secs(120),
+            "both workers serving via both api-servers",
+            || async {
+                let mut ok = metric_sum(&self.metrics().await, "specula_workers_connected") == 2.0;
+                for i in 0..2 {
+                    let health = self
+                        .get(&self.api(i, "/health"))
+                        .await
+                        .unwrap_or(Value::Null);
+                    // Servable: alive, loaded and accepting, its batches taken by the TP.
+                    ok &= health["status"] == "ok"
+                        && health["workers"]
+                            .as_array()
+                            .is_some_and(|w| w.iter().filter(|w| servable(w)).count() == 2);
+                }
+                ok
+            },
+        )
+        .await;
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for name in ["tp", "w-a", "w-b", "api-a", "api-b"] {
+                let log = self.log(name);
+                let tail: Vec<&str> = log.lines().rev().take(25).collect();
+                eprintln!("--- last lines of {name} ---");
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+        for child in self
+            .workers
+            .iter_mut()
+            .flatten()
+            .chain(self.others.iter_mut())
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn servable(worker: &Value) -> bool {
+    [
+        "alive",
+        "ready",
+        "accepting",
+        "token_processor_takes_its_batches",
+    ]
+    .iter()
+    .all(|k| worker[*k] == true)
+}
+
+/// Per-worker sums of a counter, by `worker` label.
+fn per_worker(text: &str, name: &str) -> [f64; 2] {
+    WORKER_IDS.map(|w| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(&format!("worker=\"{w}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    })
+}
+
+/// Streams one greedy completion per prompt through api-server `api`, all at once.
+async fn streams(
+    c: &Cluster,
+    api: usize,
+    prompts: &[String],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> Vec<tokio::task::JoinHandle<Streamed>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let mut body = completion_body(p, max_tokens, true);
+            body["ignore_eos"] = ignore_eos.into();
+            let (http, url) = (c.http.clone(), c.api(api, "/v1/completions"));
+            tokio::spawn(async move { stream(&http, &url, &body, |_| true).await })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_two_api_servers_one_token_processor() {
+    let mut c = Cluster::start().await;
+    let prompts: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                "Item {i}: the red box. Item {}: the red box. Item {}:",
+                i + 1,
+                i + 2
+            )
+        })
+        .collect();
+
+    // The same prompts through both api-servers at once: 8 requests over both workers.
+    let mut tasks = streams(&c, 0, &prompts, 24, false).await;
+    tasks.extend(streams(&c, 1, &prompts, 24, false).await);
+    let mut results = Vec::new();
+    for t in tasks {
+        let s = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(s.done && s.error.is_none(), "{s:?}");
+        results.push(s);
+    }
+    // Greedy and batch-invariant: the same prompt gives the same text and figures, whichever
+    // api-server and worker served it.
+    for i in 0..4 {
+        assert_eq!(results[i].text, results[i + 4].text, "prompt {i}");
+        assert_eq!(
+            results[i].speculate_metrics,
+            results[i + 4].speculate_metrics,
+            "prompt {i}"
+        );
+    }
+    let text = c.metrics().await;
+    let steps = per_worker(&text, "specula_spec_decode_num_steps_total");
+    assert!(
+        steps[0] > 0.0 && steps[1] > 0.0,
+        "requests spread over both workers: {steps:?}\n{}\n{:?}\n{:?}",
+        text.lines()
+            .filter(|l| l.contains("num_steps") || l.contains("connected"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        c.get(&c.api(0, "/health")).await,
+        c.get(&c.api(1, "/health")).await,
+    );
+    // Each worker's counters are the sum over its requests; together, the sum over all.
+    for (field, counter) in [
+        ("num_steps", "specula_spec_decode_num_steps_total"),
+        (
+            "num_draft_tokens",
+            "specula_spec_decode_num_draft_tokens_total",
+        ),
+        (
+            "num_accepted_draft_tokens",
+            "specula_spec_decode_num_accepted_tokens_total",
+        ),
+    ] {
+        let total: f64 = results
+            .iter()
+            .map(|s| {
+                s.speculate_metrics.as_ref().unwrap()[field]
+                    .as_f64()
+                    .unwrap()
+            })
+            .sum();
+        let [a, b] = per_worker(&text, counter);
+        assert_eq!(a + b, total, "{counter}: {a} + {b}");
+    }
+
+    // kill -9 of w-a while both serve long streams: w-a's requests end with explicit errors,
+    // w-b's complete, and new requests go to w-b.
+    let long: Vec<String> = (0..4)
+        .map(|i| format!("Write a long story about robot {i}."))
+        .collect();
+    let tasks = streams(&c, 0, &long, 200, true).await;
+    wait_until(Duration::from_secs(60), "steps on both workers", || async {
+        let now = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
+        now[0] > steps[0] && now[1] > steps[1]
+    })
+    .await;
+    let steps_before_kill = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
+    c.kill_worker(0);
+    let killed = Instant::now();
+    let (mut complete, mut errors) = (0, 0);
+    for t in tasks {
+        let s = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(s.done, "every stream ends with [DONE]: {s:?}");
+        match &s.error {
+            None => complete += 1,
+            Some(e) => {
+                assert!(
+                    e.get("transport").is_none(),
+                    "server error, not a broken client: {e}"
+                );
+                errors += 1;
+            }
+        }
+    }
+    eprintln!("w-a kill -9: {complete} streams complete, {errors} explicit errors");
+    assert!(
+        errors >= 1,
+        "the killed worker's requests ended with errors"
+    );
+    assert!(complete >= 1, "the other worker's requests completed");
+    assert!(killed.elapsed() < Duration::from_secs(120));
+    for api in 0..2 {
+        let tasks = streams(&c, api, &prompts[..1], 8, false).await;
+        for t in tasks {
+            let s = t.await.unwrap();
+            assert!(
+                s.done && s.error.is_none(),
+                "served by w-b through api {api}: {s:?}"
+            );
+        }
+    }
+
+    // The restarted w-a rejoins and takes requests again.
+    c.start_worker(0);
+    c.wait_both_workers_serving().await;
+    let mut tasks = streams(&c, 0, &prompts, 16, false).await;
+    tasks.extend(streams(&c, 1, &prompts, 16, false).await);
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(s.done && s.error.is_none(), "{s:?}");
+    }
+    let after = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
+    assert!(
+        after[0] > steps_before_kill[0],
+        "w-a serves again: {steps_before_kill:?} -> {after:?}"
+    );
+}
