@@ -64,17 +64,17 @@ impl Cluster {
             c.start_worker(i);
         }
         let workers = c.worker_endpoints.join(",");
-        for i in 0..2 {
+        for (id, port) in API_IDS.iter().zip(c.api_ports) {
             let api = c.spawn(
                 "api-server",
-                API_IDS[i],
+                id,
                 &[
                     "--model",
                     &default_model().display().to_string(),
                     "--port",
-                    &c.api_ports[i].to_string(),
+                    &port.to_string(),
                     "--api-server-id",
-                    API_IDS[i],
+                    id,
                     "--worker-endpoints",
                     &workers,
                     "--tp-endpoint",
