@@ -1,0 +1,260 @@
+//! Chaos: 8 clients send greedy requests without pause through the default stack while, every
+//! 2–6 s, a random fault hits a random process — SIGSTOP for 0.5–8 s then SIGCONT, `kill -9`
+//! then restart, or SIGTERM then restart. Seeded (SPECULA_CHAOS_SEED), bounded in time
+//! (SPECULA_CHAOS_SECS, default 60).
+//!
+//! Asserted: every request ends with exactly the text of an undisturbed run or with an explicit
+//! error (an OpenAI error envelope or stream error event; a refused or reset connection only
+//! while the api-server itself was down); none hangs; after the last fault a new request
+//! succeeds within 3 s of the stack being healthy again; afterwards every per-request map in
+//! the three processes is empty. It prints the counts.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::openai::{complete, completion_body};
+use common::stack::{metric_sum, Proc, Stack, StackConfig};
+use common::wait_until;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+/// Longer than any fault (8 s) plus the stall timeout the test gives the api-server (10 s) and
+/// the drains (3 s): a request still open after this hung.
+const HUNG_AFTER: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct Counts {
+    exact: usize,
+    explicit_error: usize,
+    /// Connection refused or reset: only while the api-server was down.
+    api_server_down: usize,
+    wrong_text: Vec<String>,
+    unexplained: Vec<String>,
+    hung: usize,
+}
+
+fn prompts() -> Vec<String> {
+    (0..8)
+        .map(|i| match i % 4 {
+            0 => format!("Count from {i}: {i}, {}, {},", i + 1, i + 2),
+            1 => format!(
+                "Item {i}: the red box. Item {}: the red box. Item {}:",
+                i + 1,
+                i + 2
+            ),
+            2 => format!("Question {i}: what is the capital of France? Answer:"),
+            _ => format!("Write a short story about robot number {i}."),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
+    let seed: u64 = std::env::var("SPECULA_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0xC4A05);
+    let chaos_for = Duration::from_secs(
+        std::env::var("SPECULA_CHAOS_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60),
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut stack = Stack::start(StackConfig {
+        worker_args: vec!["--drain-timeout-secs".into(), "3".into()],
+        api_args: vec![
+            "--shutdown-grace-secs".into(),
+            "3".into(),
+            "--stall-timeout-secs".into(),
+            "10".into(),
+        ],
+        ..StackConfig::default()
+    })
+    .await;
+    let prompts = prompts();
+    let max_tokens = 24;
+    let mut reference = Vec::new();
+    for p in &prompts {
+        let (status, body) = complete(
+            stack.client(),
+            &stack.api("/v1/completions"),
+            &completion_body(p, max_tokens, false),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        reference.push(body["choices"][0]["text"].as_str().unwrap().to_owned());
+    }
+
+    let counts = Arc::new(Mutex::new(Counts::default()));
+    let api_down = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let http = reqwest::Client::builder()
+        .timeout(HUNG_AFTER)
+        .build()
+        .unwrap();
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let (http, url, prompts, reference) = (
+                http.clone(),
+                stack.api("/v1/completions"),
+                prompts.clone(),
+                reference.clone(),
+            );
+            let (counts, api_down, stop) = (counts.clone(), api_down.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = c;
+                while !stop.load(Ordering::SeqCst) {
+                    let p = i % prompts.len();
+                    i += 1;
+                    let down_before = api_down.load(Ordering::SeqCst);
+                    let sent = http
+                        .post(&url)
+                        .json(&completion_body(&prompts[p], max_tokens, false))
+                        .send()
+                        .await;
+                    let answered_200 = matches!(&sent, Ok(r) if r.status().as_u16() == 200);
+                    let outcome = match sent {
+                        Ok(r) => {
+                            let status = r.status().as_u16();
+                            match r.json::<Value>().await {
+                                Ok(body) => Ok((status, body)),
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(e) => Err(e),
+                    };
+                    {
+                        let mut counts = counts.lock().unwrap();
+                        match outcome {
+                            Ok((200, body)) => {
+                                let text = body["choices"][0]["text"].as_str().unwrap_or("");
+                                if text == reference[p] {
+                                    counts.exact += 1;
+                                } else {
+                                    counts.wrong_text.push(format!("prompt {p}: {body}"));
+                                }
+                            }
+                            Ok((_, body)) if body["error"]["message"].is_string() => {
+                                counts.explicit_error += 1
+                            }
+                            Ok((status, body)) => counts
+                                .unexplained
+                                .push(format!("status {status} without an error envelope: {body}")),
+                            Err(e) if e.is_timeout() => counts.hung += 1,
+                            Err(_) if down_before || api_down.load(Ordering::SeqCst) => {
+                                counts.api_server_down += 1
+                            }
+                            Err(e) => counts.unexplained.push(format!("transport: {e}")),
+                        }
+                    }
+                    if !answered_200 {
+                        // As a client would: back off a little after an error instead of
+                        // spinning on fast refusals while a process restarts.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let started = Instant::now();
+    let mut faults = Vec::new();
+    while started.elapsed() < chaos_for {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(2_000..6_000))).await;
+        let p = Proc::ALL[rng.gen_range(0..3)];
+        let kind = rng.gen_range(0..3);
+        let is_api = p == Proc::ApiServer;
+        match kind {
+            0 => {
+                let pause = Duration::from_millis(rng.gen_range(500..8_000));
+                stack.signal(p, "STOP");
+                tokio::time::sleep(pause).await;
+                stack.signal(p, "CONT");
+                faults.push(format!("{p:?} SIGSTOP {pause:?}"));
+            }
+            _ => {
+                let sig = if kind == 1 { "KILL" } else { "TERM" };
+                if is_api {
+                    api_down.store(true, Ordering::SeqCst);
+                }
+                stack.signal(p, sig);
+                let code = stack.wait_exit(p, Duration::from_secs(30)).await;
+                if sig == "TERM" {
+                    assert_eq!(code, Some(0), "{p:?} exits 0 on SIGTERM");
+                }
+                stack.spawn(p);
+                stack.wait_healthy(Duration::from_secs(60)).await;
+                api_down.store(false, Ordering::SeqCst);
+                faults.push(format!("{p:?} {sig} + restart"));
+            }
+        }
+    }
+
+    // After the last fault: healthy again, then a request succeeds within 3 s.
+    stack.wait_healthy(Duration::from_secs(60)).await;
+    let healthy = Instant::now();
+    let mut recovered = None;
+    while healthy.elapsed() < Duration::from_secs(3) {
+        let (status, _) = complete(
+            stack.client(),
+            &stack.api("/v1/completions"),
+            &completion_body("1, 2, 3,", 4, false),
+        )
+        .await;
+        if status == 200 {
+            recovered = Some(healthy.elapsed());
+            break;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        tokio::time::timeout(HUNG_AFTER + Duration::from_secs(5), c)
+            .await
+            .expect("a client hung")
+            .unwrap();
+    }
+    let counts = Arc::try_unwrap(counts).unwrap().into_inner().unwrap();
+    eprintln!(
+        "chaos seed {seed:#x}, {} faults: {faults:?}\nexact {}, explicit errors {}, refused while the api-server was down {}, wrong text {}, unexplained {}, hung {}",
+        faults.len(),
+        counts.exact,
+        counts.explicit_error,
+        counts.api_server_down,
+        counts.wrong_text.len(),
+        counts.unexplained.len(),
+        counts.hung
+    );
+    assert!(
+        recovered.is_some(),
+        "no request succeeded within 3 s of the stack being healthy after the last fault"
+    );
+    assert_eq!(counts.hung, 0, "requests hung");
+    assert!(counts.wrong_text.is_empty(), "{:?}", counts.wrong_text);
+    assert!(counts.unexplained.is_empty(), "{:?}", counts.unexplained);
+    assert!(counts.exact > 0 && !faults.is_empty());
+
+    // No per-request state left anywhere.
+    wait_until(
+        Duration::from_secs(60),
+        "every per-request map to empty",
+        || async {
+            let health: Value = match stack.client().get(stack.api("/health")).send().await {
+                Ok(r) => r.json().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            };
+            let worker_load: u64 = health["workers"].as_array().map_or(u64::MAX, |w| {
+                w.iter()
+                    .filter_map(|w| w["running_and_waiting"].as_u64())
+                    .sum()
+            });
+            health["in_flight"] == 0
+                && worker_load == 0
+                && metric_sum(&stack.metrics_text().await, "specula_requests_running") == 0.0
+        },
+    )
+    .await;
+}
