@@ -36,20 +36,6 @@ struct Counts {
     hung: usize,
 }
 
-fn prompts() -> Vec<String> {
-    (0..8)
-        .map(|i| match i % 4 {
-            0 => format!("Count from {i}: {i}, {}, {},", i + 1, i + 2),
-            1 => format!(
-                "Item {i}: the red box. Item {}: the red box. Item {}:",
-                i + 1,
-                i + 2
-            ),
-            2 => format!("Question {i}: what is the capital of France? Answer:"),
-            _ => format!("Write a short story about robot number {i}."),
-        })
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
@@ -75,7 +61,7 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
         ..StackConfig::default()
     })
     .await;
-    let prompts = prompts();
+    let prompts = common::prompts(8);
     let max_tokens = 24;
     let mut reference = Vec::new();
     for p in &prompts {

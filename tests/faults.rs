@@ -9,26 +9,12 @@ use std::time::{Duration, Instant};
 
 use common::openai::{complete, completion_body, stream, Streamed};
 use common::stack::{metric_sum, Proc, Stack, StackConfig};
-use common::wait_until;
+use common::{prompts, wait_until};
 use serde_json::Value;
 
 /// One stack at a time: the tests measure timings on a 2-core machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn prompts(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| match i % 4 {
-            0 => format!("Count from {i}: {i}, {}, {},", i + 1, i + 2),
-            1 => format!(
-                "Item {i}: the red box. Item {}: the red box. Item {}:",
-                i + 1,
-                i + 2
-            ),
-            2 => format!("Question {i}: what is the capital of France? Answer:"),
-            _ => format!("Write a short story about robot number {i}."),
-        })
-        .collect()
-}
 
 /// Reference outputs from an undisturbed run of the same (greedy, deterministic) requests.
 async fn reference(stack: &Stack, prompts: &[String], max_tokens: u32) -> Vec<Value> {

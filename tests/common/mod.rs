@@ -48,6 +48,23 @@ where
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// `n` greedy-friendly prompts of four kinds (counting, repetition, a question, a story), the
+/// same in every cross-process test.
+pub fn prompts(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| match i % 4 {
+            0 => format!("Count from {i}: {i}, {}, {},", i + 1, i + 2),
+            1 => format!(
+                "Item {i}: the red box. Item {}: the red box. Item {}:",
+                i + 1,
+                i + 2
+            ),
+            2 => format!("Question {i}: what is the capital of France? Answer:"),
+            _ => format!("Write a short story about robot number {i}."),
+        })
+        .collect()
+}
+
 /// The shared golden/spec folder beside the checkout.
 pub fn shared_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
