@@ -3,11 +3,14 @@
 # - Debian's `prometheus` package: `promtool check metrics` on a real /metrics scrape, and a real
 #   Prometheus server scraping a running stack (tests/prometheus_scrape.rs).
 # - systemd-analyze (Debian's `systemd`): `systemd-analyze verify` on scripts/systemd units.
+# - a C++20 compiler (Debian's `g++`): the CUDA kernels run on a CPU emulator
+#   (engine-worker/tests/cuda_kernels_emulated.rs), which fails without one under test.sh.
 set -euo pipefail
 
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""

@@ -21,5 +21,10 @@ export SPECULA_REQUIRE_TOOLS=1
 # Binaries the cross-process tests spawn, then every test of the workspace.
 cargo build --workspace --bins
 cargo test --workspace --no-fail-fast "$@"
-# The CUDA kernels compile with NVRTC (no GPU needed; fails if libnvrtc is missing).
+# The CUDA backend's tests that need no GPU: the kernels compile with NVRTC (fails if libnvrtc is
+# missing), the batch layout, device names and weight packing, and the host reference the GPU
+# parity tests trust, against the CPU backend. (The GPU tests themselves run in
+# scripts/gpu-check.sh on a machine with one.)
 cargo test -p engine-worker --features cuda --test cuda_nvrtc nvrtc
+cargo test -p engine-worker --features cuda --lib backend::cuda
+cargo test -p engine-worker --features cuda --test cuda_parity cuda_reference_matches_cpu_backend

@@ -36,7 +36,6 @@ struct Counts {
     hung: usize,
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     let seed: u64 = std::env::var("SPECULA_CHAOS_SEED")

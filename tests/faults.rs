@@ -15,7 +15,6 @@ use serde_json::Value;
 /// One stack at a time: the tests measure timings on a 2-core machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-
 /// Reference outputs from an undisturbed run of the same (greedy, deterministic) requests.
 async fn reference(stack: &Stack, prompts: &[String], max_tokens: u32) -> Vec<Value> {
     let mut out = Vec::new();

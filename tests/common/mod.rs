@@ -9,18 +9,32 @@ pub mod stack;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Path of a workspace binary built next to this test executable (`target/<profile>/<name>`).
+/// Path of a workspace binary built next to this test executable (`target/<profile>/<name>`),
+/// built from the current sources first: a test run alone (`cargo test --test faults`) never
+/// starts a stale binary.
 pub fn binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_binaries);
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} not built; run `cargo build --workspace --bins` first (scripts/test.sh does)",
-        path.display()
-    );
+    assert!(path.exists(), "{} was not built", path.display());
     path
+}
+
+/// `cargo build --workspace --bins` in this test's profile (a no-op when up to date).
+fn build_binaries() {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let mut cmd = std::process::Command::new(env!("CARGO"));
+    cmd.args(["build", "--workspace", "--bins", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir.file_name().is_some_and(|p| p == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("running cargo build");
+    assert!(status.success(), "cargo build --workspace --bins failed");
 }
 
 /// A loopback TCP port that was free a moment ago.
