@@ -72,3 +72,32 @@ fn units_restart_independently_and_share_the_ipc_directory() {
     }
     assert!(unit_text("specula-engine-worker.service").contains("DeviceAllow=/dev/nvidia"));
 }
+
+/// systemd sends SIGKILL after `TimeoutStopSec`: it must outlast each process's own bounded
+/// drain (the defaults of its flags), or the kill races the clean exit.
+#[test]
+fn stop_timeouts_outlast_each_drain() {
+    // (unit, the process's longest shutdown with default flags, in seconds)
+    for (unit, drain_secs) in [
+        // --shutdown-grace-secs 30, then 2 s to close the engine links
+        ("specula-api-server.service", 30 + 2),
+        // --drain-timeout-secs 30, + 10 s for the link's goodbye, + 2 s for the api link
+        ("specula-engine-worker.service", 30 + 10 + 2),
+        // --shutdown-timeout-ms 5000, + 1 s for HTTP
+        ("specula-token-processor.service", 5 + 1),
+    ] {
+        let text = unit_text(unit);
+        let stop: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+            .unwrap_or_else(|| panic!("{unit} sets no TimeoutStopSec"))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            stop > drain_secs,
+            "{unit}: TimeoutStopSec={stop} does not outlast its {drain_secs} s drain"
+        );
+    }
+    assert!(unit_text("specula-api-server.service").contains("LimitNOFILE="));
+}

@@ -30,7 +30,8 @@ fn authorized(expected: &str, header: Option<&axum::http::HeaderValue>) -> bool 
     let Some(token) = given.strip_prefix("Bearer ") else {
         return false;
     };
-    bool::from(token.trim().as_bytes().ct_eq(expected.as_bytes()))
+    // Exact: a key padded with spaces is another key.
+    bool::from(token.as_bytes().ct_eq(expected.as_bytes()))
 }
 
 pub async fn require_api_key(State(key): State<ApiKey>, request: Request, next: Next) -> Response {
@@ -62,6 +63,9 @@ mod tests {
             "sk-test",
             "Basic sk-test",
             "Bearer ",
+            "Bearer  sk-test",
+            "Bearer sk-test ",
+            "Bearer\tsk-test",
         ] {
             assert!(
                 !authorized("sk-test", Some(&HeaderValue::from_static(bad))),

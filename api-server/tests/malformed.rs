@@ -133,6 +133,40 @@ fn cases() -> Vec<Case> {
         completion("n zero", json!({"n": 0}), bad),
         completion("n over the cap", json!({"n": 1000}), bad),
         completion("max_tokens zero", json!({"max_tokens": 0}), bad),
+        // Every number at its type's limits: a 4xx with a sensible message, never an overflow.
+        with_code(
+            completion("max_tokens i64::MAX", json!({"max_tokens": i64::MAX}), bad),
+            "context_length_exceeded",
+        ),
+        completion(
+            "max_tokens u64::MAX",
+            json!({"max_tokens": u64::MAX}),
+            schema,
+        ),
+        completion("max_tokens i64::MIN", json!({"max_tokens": i64::MIN}), bad),
+        completion("n i64::MAX", json!({"n": i64::MAX}), bad),
+        completion("n i64::MIN", json!({"n": i64::MIN}), bad),
+        completion("top_k i64::MAX", json!({"top_k": i64::MAX}), bad),
+        completion("top_k i64::MIN", json!({"top_k": i64::MIN}), bad),
+        completion(
+            "temperature f64::MAX",
+            json!({"temperature": f64::MAX}),
+            bad,
+        ),
+        completion("top_p f64::MIN_POSITIVE", json!({"top_p": -f64::MAX}), bad),
+        completion(
+            "stop token id past u32",
+            json!({"stop_token_ids": [u64::from(u32::MAX) + 1]}),
+            bad,
+        ),
+        with_code(
+            chat(
+                "max_completion_tokens i64::MAX",
+                json!({"messages": [user("Hi")], "max_completion_tokens": i64::MAX}),
+                bad,
+            ),
+            "context_length_exceeded",
+        ),
         completion("max_tokens negative", json!({"max_tokens": -3}), bad),
         with_code(
             completion(
@@ -311,6 +345,12 @@ async fn check(app: &axum::Router, case: Case) {
     if let Some(code) = case.code {
         assert_eq!(error["code"], code, "{}", case.name);
     }
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("-9223372036854775808") && !message.contains("-9223372036854775807"),
+        "{}: the message shows an overflow: {message}",
+        case.name
+    );
 }
 
 #[tokio::test]

@@ -349,7 +349,7 @@ pub fn generate_spec(
                     param: "max_tokens",
                     message: format!(
                         "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({len} in the prompt, {m} for the completion).",
-                        len as i64 + m
+                        i128::from(len) + i128::from(m)
                     ),
                 })
             }
