@@ -17,10 +17,6 @@ use crate::openai::validate::GenerateSpec;
 use crate::tokenizer::detok::IncrementalDecoder;
 use crate::tokenizer::Tokenizer;
 
-/// After we abort a request at a stop string, how long to wait for its final output (which
-/// carries its figures) before finishing without them.
-const ABORT_GRACE: Duration = Duration::from_secs(2);
-
 /// One step of a choice's progress.
 #[derive(Debug, Clone)]
 pub enum ChoiceUpdate {
@@ -51,8 +47,6 @@ pub struct ChoiceRun {
     prompt_tokens: u32,
     deadline: Instant,
     timeout_secs: u64,
-    /// Set once we stopped at a stop string ourselves and asked the worker to abort.
-    abort_deadline: Option<Instant>,
     ended: bool,
 }
 
@@ -99,7 +93,6 @@ pub fn start_choices(
                 prompt_tokens: prompt.len() as u32,
                 deadline,
                 timeout_secs: timeout.as_secs(),
-                abort_deadline: None,
                 ended: false,
             });
         }
@@ -122,14 +115,8 @@ impl ChoiceRun {
 
     async fn step_inner(&mut self) -> Result<ChoiceUpdate, ApiError> {
         loop {
-            let deadline = self
-                .abort_deadline
-                .map_or(self.deadline, |d| d.min(self.deadline));
-            let event = match tokio::time::timeout_at(deadline, self.handle.next()).await {
+            let event = match tokio::time::timeout_at(self.deadline, self.handle.next()).await {
                 Ok(event) => event,
-                Err(_) if self.abort_deadline.is_some() => {
-                    return Ok(ChoiceUpdate::End(Box::new(self.end(None, None))))
-                }
                 Err(_) => {
                     return Err(ApiError::Timeout {
                         secs: self.timeout_secs,
@@ -138,11 +125,9 @@ impl ChoiceRun {
             };
             match event {
                 EngineEvent::Tokens(tokens) => {
+                    // Stop strings are the worker's decision (it ends the request on the same
+                    // token); here they only trim the text.
                     let text = self.decoder.push(&tokens);
-                    if self.decoder.matched_stop().is_some() && self.abort_deadline.is_none() {
-                        self.handle.request_abort();
-                        self.abort_deadline = Some(Instant::now() + ABORT_GRACE);
-                    }
                     if !text.is_empty() {
                         return Ok(ChoiceUpdate::Text {
                             index: self.index,
@@ -165,8 +150,9 @@ impl ChoiceRun {
                     return Ok(ChoiceUpdate::End(Box::new(end)));
                 }
                 EngineEvent::Failed(failure) => {
-                    if self.abort_deadline.is_some() {
-                        // We already had our answer; the engine just could not confirm it.
+                    if self.decoder.matched_stop().is_some() {
+                        // The text already ended at a stop string; only the engine's
+                        // confirmation (and its figures) went missing.
                         return Ok(ChoiceUpdate::End(Box::new(self.end(None, None))));
                     }
                     return Err(failure_error(failure));

@@ -201,7 +201,6 @@ impl EngineClient {
             rx,
             shared: Arc::clone(shared),
             done: false,
-            abort_sent: false,
             speculative,
         })
     }
@@ -215,7 +214,6 @@ pub struct RequestHandle {
     rx: mpsc::Receiver<EngineEvent>,
     shared: Arc<Shared>,
     done: bool,
-    abort_sent: bool,
     /// The worker speculates (K > 0); otherwise `speculate_metrics` is null.
     pub speculative: bool,
 }
@@ -231,10 +229,9 @@ impl RequestHandle {
             return EngineEvent::Failed(EngineFailure::Dropped);
         }
         let event = match self.rx.recv().await {
-            // An abort we did not ask for cut the answer short: an error, never a short 200.
-            Some(EngineEvent::Finished(f))
-                if f.reason == FinishReason::Abort && !self.abort_sent =>
-            {
+            // We never ask for an abort and keep reading (a dropped handle reads nothing), so an
+            // abort cut the answer short on the engine's side: an error, never a short 200.
+            Some(EngineEvent::Finished(f)) if f.reason == FinishReason::Abort => {
                 EngineEvent::Failed(EngineFailure::StoppedByEngine)
             }
             Some(event) => event,
@@ -248,15 +245,6 @@ impl RequestHandle {
             }
         }
         event
-    }
-
-    /// Asks the worker to stop generating but keeps listening for the final output (which
-    /// carries the figures of the steps that ran).
-    pub fn request_abort(&mut self) {
-        if !self.done && !self.abort_sent {
-            self.abort_sent = true;
-            self.shared.send_abort(self.worker, self.id);
-        }
     }
 }
 
