@@ -74,14 +74,13 @@ struct Args {
     /// On SIGTERM, how long in-flight requests may run before the server exits anyway.
     #[arg(long, env = "SPECULA_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     shutdown_grace_secs: u64,
-    /// Emit logs as JSON lines.
-    #[arg(long, env = "SPECULA_LOG_JSON")]
-    log_json: bool,
+    #[command(flatten)]
+    service: link::service::ServiceArgs,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    link::service::init_tracing(args.log_json);
+    args.service.init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -120,6 +119,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.tp_endpoint.clone(),
         api_server_id.clone(),
     );
+    engine_config.liveness = args.service.liveness();
     engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
     let engine = EngineClient::start(engine_config);
     let model_root = args.model.display().to_string();

@@ -99,9 +99,6 @@ struct Args {
         default_value = "tcp://127.0.0.1:5556"
     )]
     tp_endpoint: String,
-    /// Heartbeat period towards the token-processor and the api-servers.
-    #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
-    heartbeat_interval_ms: u32,
     /// Step batches queued for the token-processor before the worker drops them and resyncs.
     #[arg(long, env = "SPECULA_TP_QUEUE", default_value_t = 1024)]
     tp_queue: usize,
@@ -114,20 +111,13 @@ struct Args {
     /// Seed of dummy weights.
     #[arg(long, env = "SPECULA_SEED", default_value_t = 0)]
     seed: u64,
-    /// Log format: `text` or `json` (JSON lines on stderr).
-    #[arg(long, env = "SPECULA_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
+    #[command(flatten)]
+    service: link::service::ServiceArgs,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    link::service::init_tracing(args.log_format == LogFormat::Json);
+    args.service.init_tracing();
     anyhow::ensure!(
         args.num_spec_tokens <= MAX_SPEC_TOKENS as usize,
         "--num-spec-tokens {} exceeds the largest K the token-processor accepts ({MAX_SPEC_TOKENS})",
@@ -140,10 +130,6 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(
         args.block_size > 0 && args.num_kv_blocks > 0,
         "the KV cache needs blocks"
-    );
-    anyhow::ensure!(
-        args.heartbeat_interval_ms > 0,
-        "--heartbeat-interval-ms must be positive"
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -161,7 +147,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
-    let heartbeat = Duration::from_millis(u64::from(args.heartbeat_interval_ms));
+    let heartbeat = args.service.liveness().interval;
     // The same name the loader gives the model (file name up to its first dot), so metric
     // labels do not change when the not-ready hello is followed by the ready one.
     let model_label = args
@@ -182,7 +168,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         model_label.clone(),
         args.num_spec_tokens as u32,
         proposer.into(),
-        args.heartbeat_interval_ms,
+        args.service.heartbeat_interval_ms,
     ));
     let router = bind_api(&args.api_endpoint)
         .await

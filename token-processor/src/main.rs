@@ -17,7 +17,6 @@ use tokio::sync::{mpsc, watch};
 use zeromq::{PullSocket, RouterSocket, Socket};
 
 use link::service::{self, Watchdog};
-use link::Liveness;
 use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
 use token_processor::replay::{self, Batching, Trace};
 use token_processor::{forward, http, memory, metrics};
@@ -75,10 +74,6 @@ struct ServeArgs {
     /// Largest K expected: the accepted-drafts-per-step histogram gets buckets 0..=this.
     #[arg(long, env = "SPECULA_TP_MAX_SPEC_TOKENS", default_value_t = 8)]
     max_spec_tokens: u32,
-    /// Interval of the hello/heartbeat sent to each api-server; api-servers silent for 3 of
-    /// them are forgotten.
-    #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
-    heartbeat_interval_ms: u64,
     /// Batches of outputs queued for the forwarder; while it is full, ingest holds further
     /// outputs back (merged per owner, at most 65,536) and drops them, counted, beyond that.
     #[arg(long, env = "SPECULA_TP_FORWARD_QUEUE", default_value_t = 256)]
@@ -86,9 +81,8 @@ struct ServeArgs {
     /// Longest wait, on SIGTERM, for queued outputs to be sent.
     #[arg(long, env = "SPECULA_TP_SHUTDOWN_TIMEOUT_MS", default_value_t = 5_000)]
     shutdown_timeout_ms: u64,
-    /// Log format: `text` or `json`.
-    #[arg(long, env = "SPECULA_LOG_FORMAT", default_value = "text")]
-    log_format: String,
+    #[command(flatten)]
+    service: service::ServiceArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -101,7 +95,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         None => {
-            service::init_tracing(cli.serve.log_format == "json");
+            cli.serve.service.init_tracing();
             if let Err(e) = memory::disable_transparent_huge_pages() {
                 tracing::warn!(error = %e, "could not turn transparent huge pages off; batches may stall on 2 MiB page faults");
             }
@@ -162,7 +156,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let health = Arc::new(IngestHealth::new(origin));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
-    let liveness = Liveness::new(Duration::from_millis(args.heartbeat_interval_ms));
+    let liveness = args.service.liveness();
     let (live_workers_tx, live_workers_rx) = watch::channel(Vec::new());
     let forwarder = tokio::spawn(forward::run(
         router,

@@ -109,7 +109,7 @@ impl EngineClient {
                 serde_json::json!({
                     "endpoint": w.endpoint,
                     "worker_id": w.worker_id(),
-                    "alive": w.alive,
+                    "alive": w.alive(),
                     "connected": w.connected,
                     "accepting": w.accepting,
                     "ready": w.hello.as_ref().is_some_and(|h| h.ready),
@@ -121,7 +121,7 @@ impl EngineClient {
         drop(tp);
         serde_json::json!({
             "in_flight": self.in_flight(),
-            "token_processor_alive": lock(&self.shared.tp).alive,
+            "token_processor_alive": lock(&self.shared.tp).alive(),
             "workers": workers,
         })
     }
@@ -149,7 +149,7 @@ impl EngineClient {
         if !shared.accepting.load(Ordering::Relaxed) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        if !lock(&shared.tp).alive {
+        if !lock(&shared.tp).alive() {
             return Err(ApiError::unavailable(
                 "the token processor is not available",
             ));

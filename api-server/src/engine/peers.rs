@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use link::liveness::Heard;
-use link::Liveness;
+use link::{Liveness, PeerClock};
 use proto::tp_api::TpHello;
 use proto::worker_tp::{Heartbeat, WorkerHello};
 
@@ -16,8 +16,7 @@ pub struct WorkerPeer {
     pub hello: Option<WorkerHello>,
     /// The socket is connected (a disconnect stops routing at once; death waits for the window).
     pub connected: bool,
-    pub alive: bool,
-    pub last_heard: Option<Instant>,
+    pub clock: PeerClock,
     pub accepting: bool,
     /// running + waiting from the last heartbeat (all api-servers' requests).
     pub reported_load: u32,
@@ -31,18 +30,21 @@ impl WorkerPeer {
             endpoint,
             hello: None,
             connected: false,
-            alive: false,
-            last_heard: None,
+            clock: PeerClock::default(),
             accepting: false,
             reported_load: 0,
             refused: None,
         }
     }
 
+    pub fn alive(&self) -> bool {
+        self.clock.is_alive()
+    }
+
     /// Can take a new request now, as far as the worker itself goes (the token-processor must
     /// also take its batches: [`TpPeer::takes_batches_of`]).
     pub fn routable(&self) -> bool {
-        self.alive
+        self.alive()
             && self.connected
             && self.accepting
             && self.hello.as_ref().is_some_and(|h| h.ready)
@@ -73,47 +75,34 @@ impl WorkerPeer {
             .is_some_and(|old| old.epoch != hello.epoch);
         self.accepting = hello.ready;
         self.hello = Some(hello);
-        self.alive = true;
-        self.last_heard = Some(now);
+        self.clock.hello(now);
         self.refused = None;
         restarted
     }
 
     /// The worker refused our hello (or we refused its): not alive until a hello succeeds.
     pub fn on_refused(&mut self, reason: String) {
-        self.alive = false;
+        self.clock.kill();
         self.refused = Some(reason);
     }
 
     /// A heartbeat counts only from a live worker of the hello's epoch; anything else (declared
     /// dead, another epoch) asks for a hello, and only the hello makes a worker alive.
     pub fn on_heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Heard {
-        let current = self.alive && self.hello.as_ref().is_some_and(|h| h.epoch == hb.epoch);
-        if current {
-            self.last_heard = Some(now);
+        if self.hello.as_ref().is_none_or(|h| h.epoch != hb.epoch) {
+            return Heard::AskHello;
+        }
+        let heard = self.clock.heard(now);
+        if heard == Heard::Known {
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
         }
-        Heard::of(current)
-    }
-
-    /// This process was paused: the silence is ours, the clock restarts now.
-    pub fn forgive(&mut self, now: Instant) {
-        if self.alive {
-            self.last_heard = Some(now);
-        }
+        heard
     }
 
     /// Declares the worker dead if it has been silent too long; true on the transition.
     pub fn check_liveness(&mut self, now: Instant) -> bool {
-        let silent = self
-            .last_heard
-            .is_none_or(|t| self.liveness().is_silent(t, now));
-        if self.alive && silent {
-            self.alive = false;
-            return true;
-        }
-        false
+        self.clock.expire(self.liveness(), now)
     }
 }
 
@@ -121,8 +110,7 @@ impl WorkerPeer {
 pub struct TpPeer {
     pub hello: Option<TpHello>,
     pub connected: bool,
-    pub alive: bool,
-    pub last_heard: Option<Instant>,
+    pub clock: PeerClock,
     /// The TP re-sends its hello every interval (it is its heartbeat); the rule we expect.
     pub liveness: Liveness,
     /// Why the token-processor refused our hello (until it accepts one).
@@ -134,62 +122,47 @@ impl TpPeer {
         Self {
             hello: None,
             connected: false,
-            alive: false,
-            last_heard: None,
+            clock: PeerClock::default(),
             liveness,
             refused: None,
         }
     }
 
+    pub fn alive(&self) -> bool {
+        self.clock.is_alive()
+    }
+
     pub fn on_hello(&mut self, hello: TpHello, now: Instant) {
         self.hello = Some(hello);
-        self.alive = true;
-        self.last_heard = Some(now);
+        self.clock.hello(now);
         self.refused = None;
     }
 
     /// The token-processor refused our hello: not alive until it accepts one.
     pub fn on_refused(&mut self, reason: String) {
-        self.alive = false;
+        self.clock.kill();
         self.refused = Some(reason);
     }
 
     /// Outputs count as a sign of life only from a live token-processor; from one declared dead
     /// they ask for its hello.
     pub fn on_outputs(&mut self, now: Instant) -> Heard {
-        if self.alive {
-            self.last_heard = Some(now);
-        }
-        Heard::of(self.alive)
+        self.clock.heard(now)
     }
 
     /// The token-processor, alive, takes the step batches of `worker_id` (its hello lists the
     /// workers it admitted): only then can a request routed there produce output.
     pub fn takes_batches_of(&self, worker_id: &str) -> bool {
-        self.alive
+        self.alive()
             && self
                 .hello
                 .as_ref()
                 .is_some_and(|h| h.workers.iter().any(|w| w == worker_id))
     }
 
-    /// This process was paused: the silence is ours, the clock restarts now.
-    pub fn forgive(&mut self, now: Instant) {
-        if self.alive {
-            self.last_heard = Some(now);
-        }
-    }
-
     /// Declares the token-processor dead if silent too long; true on the transition.
     pub fn check_liveness(&mut self, now: Instant) -> bool {
-        let silent = self
-            .last_heard
-            .is_none_or(|t| self.liveness.is_silent(t, now));
-        if self.alive && silent {
-            self.alive = false;
-            return true;
-        }
-        false
+        self.clock.expire(self.liveness, now)
     }
 }
 
@@ -303,8 +276,8 @@ mod tests {
         w.on_hello(hello(1, true), t0);
         let mut tp = tp_taking(&["w"], t0);
         let resumed = t0 + Duration::from_secs(3);
-        w.forgive(resumed);
-        tp.forgive(resumed);
+        w.clock.forgive(resumed);
+        tp.clock.forgive(resumed);
         assert!(!w.check_liveness(resumed + Duration::from_millis(100)));
         assert!(!tp.check_liveness(resumed + Duration::from_millis(100)));
     }
@@ -358,6 +331,6 @@ mod tests {
         );
         assert!(!tp.check_liveness(t0 + Duration::from_millis(299)));
         assert!(tp.check_liveness(t0 + Duration::from_millis(301)));
-        assert!(!tp.alive);
+        assert!(!tp.alive());
     }
 }

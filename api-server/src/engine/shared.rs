@@ -106,11 +106,11 @@ impl Shared {
     /// While a peer is not alive for us, each heartbeat of ours is a hello instead: the peer
     /// answers a hello with its own, so two running processes always find each other again.
     pub fn worker_alive(&self, worker: usize) -> bool {
-        lock(&self.workers).get(worker).is_some_and(|w| w.alive)
+        lock(&self.workers).get(worker).is_some_and(|w| w.alive())
     }
 
     pub fn tp_alive(&self) -> bool {
-        lock(&self.tp).alive
+        lock(&self.tp).alive()
     }
 
     pub fn on_worker_frame(&self, worker: usize, frame: &[u8]) -> Reply {
@@ -137,7 +137,7 @@ impl Shared {
                 let mut workers = lock(&self.workers);
                 let holder = workers.iter().enumerate().find(|(i, w)| {
                     *i != worker
-                        && w.alive
+                        && w.alive()
                         && w.hello
                             .as_ref()
                             .is_some_and(|h| h.worker_id == hello.worker_id)
@@ -215,7 +215,7 @@ impl Shared {
                     .hello
                     .as_ref()
                     .is_none_or(|h| h.epoch != hello.epoch || h.workers != hello.workers);
-                if !tp.alive || changed {
+                if !tp.alive() || changed {
                     tracing::info!(epoch = hello.epoch, workers = ?hello.workers, "token-processor said hello");
                 }
                 tp.on_hello(hello, Instant::now());
@@ -268,8 +268,10 @@ impl Shared {
         let now = Instant::now();
         lock(&self.watchdog).feed(now);
         if let Sweep::Forgive { .. } = lock(&self.sweeper).begin(now) {
-            lock(&self.workers).iter_mut().for_each(|w| w.forgive(now));
-            lock(&self.tp).forgive(now);
+            lock(&self.workers)
+                .iter_mut()
+                .for_each(|w| w.clock.forgive(now));
+            lock(&self.tp).clock.forgive(now);
             return;
         }
         let dead: Vec<usize> = lock(&self.workers)
@@ -334,14 +336,14 @@ impl Shared {
                 "the token-processor refused this api-server: {reason}"
             ));
         }
-        if !tp.alive {
+        if !tp.alive() {
             return Err("token-processor has not said hello recently".into());
         }
         let workers = lock(&self.workers);
         if workers.iter().any(|w| servable(w, &tp)) {
             return Ok(());
         }
-        let alive = workers.iter().filter(|w| w.alive).count();
+        let alive = workers.iter().filter(|w| w.alive()).count();
         let routable: Vec<&str> = workers
             .iter()
             .filter(|w| w.routable())

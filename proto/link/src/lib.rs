@@ -23,4 +23,6 @@ pub mod service;
 
 pub use backoff::Backoff;
 pub use error::LinkError;
-pub use liveness::{Liveness, Sweep, Sweeper, DEFAULT_HEARTBEAT_INTERVAL, MISSED_HEARTBEATS};
+pub use liveness::{
+    Liveness, PeerClock, Sweep, Sweeper, DEFAULT_HEARTBEAT_INTERVAL, MISSED_HEARTBEATS,
+};

@@ -115,6 +115,55 @@ impl Sweeper {
     }
 }
 
+/// One peer's liveness under rules 1–3: alive from its hello until silent past the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerClock {
+    alive: bool,
+    last_heard: Option<Instant>,
+}
+
+impl PeerClock {
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    /// Its hello: alive from now.
+    pub fn hello(&mut self, now: Instant) {
+        self.alive = true;
+        self.last_heard = Some(now);
+    }
+
+    /// Any other message: refreshes a live peer; a dead one is asked for a hello (rule 2).
+    pub fn heard(&mut self, now: Instant) -> Heard {
+        if self.alive {
+            self.last_heard = Some(now);
+        }
+        Heard::of(self.alive)
+    }
+
+    /// Not alive, whatever it says, until its next accepted hello (e.g. it refused ours).
+    pub fn kill(&mut self) {
+        self.alive = false;
+    }
+
+    /// This process was paused: the silence is ours, the clock restarts now (rule 3).
+    pub fn forgive(&mut self, now: Instant) {
+        if self.alive {
+            self.last_heard = Some(now);
+        }
+    }
+
+    /// Declares the peer dead when silent past the window; true on the transition (rule 1).
+    pub fn expire(&mut self, liveness: Liveness, now: Instant) -> bool {
+        let silent = self.last_heard.is_none_or(|t| liveness.is_silent(t, now));
+        if self.alive && silent {
+            self.alive = false;
+            return true;
+        }
+        false
+    }
+}
+
 /// What to do with a message from a peer (rule 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Heard {
@@ -168,6 +217,26 @@ mod tests {
             }
         );
         assert_eq!(s.begin(t0 + Duration::from_millis(3_500)), Sweep::Judge);
+    }
+
+    #[test]
+    fn a_peer_clock_lives_from_hello_to_silence_and_asks_the_dead_for_a_hello() {
+        let l = Liveness::new(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let mut c = PeerClock::default();
+        assert_eq!(c.heard(t0), Heard::AskHello, "unknown");
+        assert!(!c.expire(l, t0), "never alive: no transition");
+        c.hello(t0);
+        assert_eq!(c.heard(t0 + Duration::from_millis(200)), Heard::Known);
+        assert!(!c.expire(l, t0 + Duration::from_millis(500)));
+        assert!(c.expire(l, t0 + Duration::from_millis(501)));
+        assert!(!c.is_alive());
+        assert_eq!(c.heard(t0 + Duration::from_secs(1)), Heard::AskHello);
+        c.hello(t0 + Duration::from_secs(1));
+        c.forgive(t0 + Duration::from_secs(5));
+        assert!(!c.expire(l, t0 + Duration::from_millis(5_200)));
+        c.kill();
+        assert!(!c.is_alive());
     }
 
     #[test]

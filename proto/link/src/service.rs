@@ -4,6 +4,39 @@
 
 use std::time::{Duration, Instant};
 
+use crate::Liveness;
+
+/// The options every process has, with one meaning and one default (flattened into each
+/// binary's clap options).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceArgs {
+    /// Heartbeat period on every link; a peer silent for 3 periods is declared dead.
+    #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=60_000))]
+    pub heartbeat_interval_ms: u32,
+    /// Log format: `text`, or `json` (JSON lines on stderr).
+    #[arg(long, env = "SPECULA_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl ServiceArgs {
+    /// The liveness rule of this process's links.
+    pub fn liveness(&self) -> Liveness {
+        Liveness::new(Duration::from_millis(u64::from(self.heartbeat_interval_ms)))
+    }
+
+    /// Installs the tracing subscriber in the chosen format.
+    pub fn init_tracing(&self) {
+        init_tracing(self.log_format == LogFormat::Json);
+    }
+}
+
 /// Installs the global `tracing` subscriber: `info` unless `RUST_LOG` says otherwise.
 pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
