@@ -11,7 +11,7 @@ use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, TokenBytes};
 use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig};
-use engine_worker::io::step_loop::{run_step_loop, StepLoopIo};
+use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
@@ -275,7 +275,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
 
     tokio::select! {
         _ = service::shutdown_signal() => tracing::info!("draining"),
-        why = step_loop_failed(&status, &engine_thread) => {
+        why = step_loop_failure(&status, &engine_thread, STEP_LOOP_STALL) => {
             // Heartbeats would stay green while nothing steps: exit so that systemd restarts us.
             tracing::error!(reason = %why, "step loop failed; exiting");
             anyhow::bail!("step loop failed: {why}");
@@ -298,26 +298,6 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
     tracing::info!("bye");
     Ok(())
-}
-
-/// How long the step loop may go without a turn before the worker gives up on it (a turn takes
-/// one step, or 20 ms when idle).
-const STEP_LOOP_STALL: Duration = Duration::from_secs(10);
-
-/// Resolves when the step loop thread ended (a panic: it only returns after a drain, which
-/// this process starts only after this future is dropped) or stopped turning.
-async fn step_loop_failed(status: &WorkerStatus, thread: &std::thread::JoinHandle<()>) -> String {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        if thread.is_finished() {
-            return "the step loop thread ended (panicked)".into();
-        }
-        let silence = status.step_loop_silence();
-        if silence > STEP_LOOP_STALL {
-            return format!("no step for {} ms", silence.as_millis());
-        }
-    }
 }
 
 fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {

@@ -111,6 +111,32 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
     }
 }
 
+/// How long the step loop may go without a turn before the worker gives up on it (a turn takes
+/// one step, or 20 ms when idle).
+pub const STEP_LOOP_STALL: Duration = Duration::from_secs(10);
+
+/// Resolves when the step-loop thread ended (a panic: it returns on its own only after a drain,
+/// which the process starts only once it stops watching) or stopped turning for `stall`; says
+/// which. The worker then exits non-zero so that systemd restarts it: its heartbeats would
+/// otherwise stay green while nothing steps.
+pub async fn step_loop_failure(
+    status: &WorkerStatus,
+    thread: &std::thread::JoinHandle<()>,
+    stall: Duration,
+) -> String {
+    let mut tick = tokio::time::interval((stall / 4).min(Duration::from_millis(250)));
+    loop {
+        tick.tick().await;
+        if thread.is_finished() {
+            return "the step loop thread ended (panicked)".into();
+        }
+        let silence = status.step_loop_silence();
+        if silence > stall {
+            return format!("no step for {} ms", silence.as_millis());
+        }
+    }
+}
+
 fn handle_command<B: Backend>(
     engine: &mut Engine<B>,
     cmd: EngineCommand,
@@ -178,5 +204,58 @@ fn send_with_deadline(tx: &Sender<TpOutbound>, mut msg: TpOutbound) {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> WorkerStatus {
+        let s = WorkerStatus::new("w".into(), 1, "m".into(), 4, "ngram".into(), 100);
+        s.set_ready("m".into(), 2048);
+        s
+    }
+
+    #[tokio::test]
+    async fn a_panicked_step_loop_is_reported() {
+        let thread = std::thread::spawn(|| panic!("step failed"));
+        let why = tokio::time::timeout(
+            Duration::from_secs(5),
+            step_loop_failure(&status(), &thread, Duration::from_secs(60)),
+        )
+        .await
+        .expect("reported");
+        assert!(why.contains("panicked"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn a_step_loop_that_stops_turning_is_reported_and_a_turning_one_is_not() {
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let _ = stop_rx.recv();
+        });
+        let status = status();
+        // Turning: published every 20 ms, never reported.
+        let turning = async {
+            for _ in 0..25 {
+                status.publish(0, 0, 0);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            why = step_loop_failure(&status, &thread, Duration::from_millis(200)) => panic!("reported while turning: {why}"),
+            () = turning => {}
+        }
+        // Stuck: no publish for longer than the bound.
+        let why = tokio::time::timeout(
+            Duration::from_secs(5),
+            step_loop_failure(&status, &thread, Duration::from_millis(200)),
+        )
+        .await
+        .expect("reported");
+        assert!(why.contains("no step"), "{why}");
+        stop_tx.send(()).unwrap();
+        thread.join().unwrap();
     }
 }
