@@ -74,8 +74,21 @@ impl Streams {
     }
 }
 
+/// The server ended the request with an OpenAI error (a status with the error envelope, or an
+/// error event on the stream). A transport failure of the test client is not one: it fails the
+/// test.
 fn is_explicit_error(s: &Streamed) -> bool {
-    s.error.is_some() || s.http_status == 503 || s.finish_reason.as_deref() == Some("error")
+    if let Some(e) = &s.error {
+        assert!(
+            e.get("transport").is_none(),
+            "the test client's connection failed, not the server's answer: {s:?}"
+        );
+    }
+    let envelope = s.error.as_ref().is_some_and(|e| {
+        // A non-200 answer carries the whole envelope, a stream event its `error` object.
+        e["message"].is_string() || e["error"]["message"].is_string()
+    });
+    envelope || s.finish_reason.as_deref() == Some("error")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -297,11 +310,22 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
     stack.signal(Proc::TokenProcessor, "STOP");
     let stopped_at = Instant::now();
     let mut rss_max = rss_before;
+    let mut all_ended_after = None;
     while stopped_at.elapsed() < Duration::from_secs(30) {
         rss_max = rss_max.max(rss());
+        if all_ended_after.is_none() && streams.tasks.iter().all(|t| t.is_finished()) {
+            all_ended_after = Some(stopped_at.elapsed());
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     stack.signal(Proc::TokenProcessor, "CONT");
+    // The api-server declares the silent token-processor dead after 3 × 500 ms and ends every
+    // request routed through it with an explicit error (docs/faults.md): within 5 s of the stop.
+    let all_ended_after = all_ended_after.expect("every request ended during the stop");
+    assert!(
+        all_ended_after < Duration::from_secs(5),
+        "requests ended {all_ended_after:?} after the stop"
+    );
     let (mut ok, mut failed) = (0, 0);
     for t in streams.tasks {
         let s = tokio::time::timeout(Duration::from_secs(180), t)
@@ -315,8 +339,12 @@ async fn sigstop_token_processor_30s_bounds_worker_queue_then_completes() {
             ok += 1;
         }
     }
+    assert_eq!(
+        failed, 8,
+        "every stream routed through the stopped token-processor failed explicitly"
+    );
     eprintln!(
-        "tp SIGSTOP 30 s: worker RSS {rss_before} kB -> max {rss_max} kB; after SIGCONT {ok} \
+        "tp SIGSTOP 30 s: all 8 ended {all_ended_after:?} after the stop; worker RSS {rss_before} kB -> max {rss_max} kB; after SIGCONT {ok} \
          complete, {failed} explicit errors, 0 hung"
     );
     assert!(
