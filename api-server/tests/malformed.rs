@@ -145,6 +145,12 @@ fn cases() -> Vec<Case> {
         ),
         completion("max_tokens i64::MIN", json!({"max_tokens": i64::MIN}), bad),
         completion("n i64::MAX", json!({"n": i64::MAX}), bad),
+        completion(
+            "prompts × n over the per-request cap",
+            json!({"prompt": ["a", "b", "c", "d", "e"], "n": 16}),
+            bad,
+        ),
+        completion("65 prompts", json!({"prompt": vec!["a"; 65]}), bad),
         completion("n i64::MIN", json!({"n": i64::MIN}), bad),
         completion("top_k i64::MAX", json!({"top_k": i64::MAX}), bad),
         completion("top_k i64::MIN", json!({"top_k": i64::MIN}), bad),
@@ -404,6 +410,21 @@ async fn valid_request_without_engine_is_503_not_a_hang() {
     let app = support::offline_router(None);
     let case = completion("no engine", json!({}), StatusCode::SERVICE_UNAVAILABLE);
     check(&app, with_code(case, "engine_unavailable")).await;
+    // The client is told when to come back.
+    let response = app
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method(Method::POST)
+                .uri("/v1/completions")
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"prompt": "Hi"}).to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
 }
 
 #[tokio::test]

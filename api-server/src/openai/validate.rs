@@ -18,6 +18,9 @@ pub struct Limits {
     pub max_n: u32,
     /// Prompts in one completion request (each times `n` engine requests).
     pub max_prompts: usize,
+    /// Engine sequences (prompts × `n`) one request may start, so that no single request can
+    /// fill a worker's queue and lock every other client out.
+    pub max_sequences: usize,
     pub max_stop_strings: usize,
     pub max_stop_bytes: usize,
     pub max_messages: usize,
@@ -29,6 +32,7 @@ impl Limits {
             max_model_len,
             max_n: 16,
             max_prompts: 64,
+            max_sequences: 64,
             max_stop_strings: 16,
             max_stop_bytes: 256,
             max_messages: 1024,
@@ -93,6 +97,18 @@ pub fn completion_prompts(
     tokenizer: &Tokenizer,
     limits: &Limits,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
+    // Counted before any tokenization: a request over the cap costs no work.
+    let count = match prompt {
+        PromptInput::Text(_) | PromptInput::Ids(_) => 1,
+        PromptInput::Texts(texts) => texts.len(),
+        PromptInput::IdLists(lists) => lists.len(),
+    };
+    if count > limits.max_prompts {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("at most {} prompts per request", limits.max_prompts),
+        ));
+    }
     let prompts = match prompt {
         PromptInput::Text(text) => vec![tokenizer.encode_prompt(text)?],
         PromptInput::Texts(texts) => texts
@@ -107,12 +123,6 @@ pub fn completion_prompts(
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "prompt must not be empty"));
-    }
-    if prompts.len() > limits.max_prompts {
-        return Err(ApiError::invalid(
-            "prompt",
-            format!("at most {} prompts per request", limits.max_prompts),
-        ));
     }
     if prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::invalid("prompt", "prompt must not be empty"));
@@ -291,6 +301,16 @@ pub fn generate_spec(
             ))
         }
     };
+    if prompts.len() * n as usize > limits.max_sequences {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "prompts × n is {} here; at most {} sequences per request",
+                prompts.len() * n as usize,
+                limits.max_sequences
+            ),
+        ));
+    }
     if fields.user.as_ref().is_some_and(|u| u.len() > 1024) {
         return Err(ApiError::invalid("user", "user is limited to 1024 bytes"));
     }
