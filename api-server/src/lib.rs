@@ -1,6 +1,7 @@
 //! specula's api-server: the OpenAI-compatible HTTP front end. It owns tokenization and chat
 //! templates ([`tokenizer`], [`template`], [`model`]), validates requests ([`openai`],
-//! [`body`]), serves the routes ([`routes`], [`generate`], [`stream`], [`auth`]) and talks to
+//! [`body`]), serves the routes ([`serve`] with its HTTP limits, [`routes`], [`generate`],
+//! [`stream`], [`auth`]) and talks to
 //! the engine-workers and the token-processor over ZeroMQ ([`engine`]).
 
 pub mod auth;
@@ -13,6 +14,7 @@ pub mod model;
 pub mod notify;
 pub mod openai;
 pub mod routes;
+pub mod serve;
 pub mod stream;
 pub mod template;
 pub mod tokenizer;

@@ -68,6 +68,14 @@ struct Args {
     /// (default: `api-<port>`, unique per host).
     #[arg(long, env = "SPECULA_API_SERVER_ID")]
     api_server_id: Option<String>,
+    /// A client must send a request's headers within this many seconds, also the idle limit of
+    /// a kept-alive connection (a silent or slow client cannot hold a connection).
+    #[arg(long, env = "SPECULA_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    http_header_timeout_secs: u64,
+    /// Most HTTP connections open at once; more wait in the listen backlog. Keep it under the
+    /// process's file-descriptor limit (the systemd unit sets LimitNOFILE=65536).
+    #[arg(long, env = "SPECULA_MAX_CONNECTIONS", default_value_t = 16_384)]
+    max_connections: usize,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "SPECULA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -168,7 +176,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         drain_engine.stop_accepting();
         let _ = signalled_tx.send(true);
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let limits = api_server::serve::HttpLimits {
+        header_read_timeout: Duration::from_secs(args.http_header_timeout_secs.max(1)),
+        max_connections: args.max_connections,
+    };
+    let server = api_server::serve::serve(listener, app, limits, graceful);
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let mut signalled = signalled_rx;
     let deadline = async move {
@@ -176,7 +188,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        result = server => result.context("HTTP server failed")?,
+        () = server => {}
         _ = deadline => tracing::warn!(in_flight = engine.in_flight(), "grace period over; exiting"),
     }
     engine.shutdown(Duration::from_secs(2)).await;

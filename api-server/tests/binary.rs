@@ -185,3 +185,68 @@ async fn sigterm_grace_period_bounds_a_request_that_never_ends() {
     })
     .await;
 }
+
+/// Reads until the server closes the connection; returns how long that took (None: still open
+/// after `limit`).
+fn time_to_close(stream: &mut std::net::TcpStream, limit: Duration) -> Option<Duration> {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Some(started.elapsed())
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test]
+async fn slow_and_idle_clients_are_disconnected_and_others_still_served() {
+    use std::io::Write;
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &["--http-header-timeout-secs", "1"], None);
+    wait_healthy(port).await;
+    let addr = format!("127.0.0.1:{port}");
+
+    // 300 idle connections (never a byte), and one client that sends half a request line.
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /health HT").unwrap();
+
+    // Others are still served at once.
+    let started = std::time::Instant::now();
+    let health = reqwest::get(format!("http://{addr}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let closed = tokio::task::spawn_blocking(move || {
+        let slow_closed = time_to_close(&mut slow, Duration::from_secs(10));
+        let idle_closed = idle
+            .into_iter()
+            .map(|mut s| time_to_close(&mut s, Duration::from_secs(10)))
+            .filter(Option::is_some)
+            .count();
+        (slow_closed, idle_closed)
+    })
+    .await
+    .unwrap();
+    assert!(
+        closed.0.is_some_and(|t| t < Duration::from_secs(5)),
+        "a half-sent request line is cut off: {:?}",
+        closed.0
+    );
+    assert_eq!(closed.1, 300, "idle connections are closed");
+    sigterm(&child);
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
+}
