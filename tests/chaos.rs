@@ -62,17 +62,12 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     .await;
     let prompts = common::prompts(8);
     let max_tokens = 24;
-    let mut reference = Vec::new();
-    for p in &prompts {
-        let (status, body) = complete(
-            stack.client(),
-            &stack.api("/v1/completions"),
-            &completion_body(p, max_tokens, false),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        reference.push(body["choices"][0]["text"].as_str().unwrap().to_owned());
-    }
+    let reference: Vec<String> = stack
+        .reference_choices(&prompts, max_tokens)
+        .await
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_owned())
+        .collect();
 
     let counts = Arc::new(Mutex::new(Counts::default()));
     let api_down = Arc::new(AtomicBool::new(false));

@@ -10,26 +10,9 @@ use std::time::{Duration, Instant};
 use common::openai::{complete, completion_body, stream, Streamed};
 use common::stack::{metric_sum, Proc, Stack, StackConfig};
 use common::{prompts, wait_until};
-use serde_json::Value;
 
 /// One stack at a time: the tests measure timings on a 2-core machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Reference outputs from an undisturbed run of the same (greedy, deterministic) requests.
-async fn reference(stack: &Stack, prompts: &[String], max_tokens: u32) -> Vec<Value> {
-    let mut out = Vec::new();
-    for p in prompts {
-        let (status, body) = complete(
-            stack.client(),
-            &stack.api("/v1/completions"),
-            &completion_body(p, max_tokens, false),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        out.push(body["choices"][0].clone());
-    }
-    out
-}
 
 /// In-flight streaming completions and how many of them have received their first chunk.
 struct Streams {
@@ -97,7 +80,7 @@ async fn token_processor_kill9_resyncs_in_flight_streams() {
     let mut stack = Stack::start(StackConfig::default()).await;
     let prompts = prompts(16);
     let max_tokens = 40;
-    let want = reference(&stack, &prompts, max_tokens).await;
+    let want = stack.reference_choices(&prompts, max_tokens).await;
     let steps_before = metric_sum(
         &stack.metrics_text().await,
         "specula_spec_decode_num_steps_total",

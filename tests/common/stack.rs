@@ -200,6 +200,27 @@ impl Stack {
         .await;
     }
 
+    /// The choices of an undisturbed run of greedy completions, one per prompt (what a request
+    /// under a fault must equal if it completes).
+    pub async fn reference_choices(
+        &self,
+        prompts: &[String],
+        max_tokens: u32,
+    ) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        for p in prompts {
+            let (status, body) = super::openai::complete(
+                &self.http,
+                &self.api("/v1/completions"),
+                &super::openai::completion_body(p, max_tokens, false),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            out.push(body["choices"][0].clone());
+        }
+        out
+    }
+
     pub async fn metrics_text(&self) -> String {
         self.http
             .get(self.metrics_url())
