@@ -56,6 +56,9 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
             "3".into(),
             "--stall-timeout-secs".into(),
             "10".into(),
+            // Requests wait out a token-processor fault (at most 8 s) and are replayed.
+            "--tp-outage-window-secs".into(),
+            "10".into(),
         ],
         ..StackConfig::default()
     })

@@ -64,6 +64,11 @@ struct Args {
     /// error if the worker no longer holds it (a lost output never leaves it waiting).
     #[arg(long, env = "SPECULA_STALL_TIMEOUT_SECS", default_value_t = 30)]
     stall_timeout_secs: u64,
+    /// While the token-processor is gone (restarting, paused), in-flight requests wait this long
+    /// for it before they end with an error; its restart replays their outputs from the
+    /// workers. New requests get a 503 meanwhile.
+    #[arg(long, env = "SPECULA_TP_OUTAGE_WINDOW_SECS", default_value_t = 30)]
+    tp_outage_window_secs: u64,
     /// This api-server's stable name; workers and the token-processor route its outputs by it
     /// (default: `api-<port>`, unique per host).
     #[arg(long, env = "SPECULA_API_SERVER_ID")]
@@ -129,6 +134,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     engine_config.liveness = args.service.liveness();
     engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
+    engine_config.tp_outage_window = Duration::from_secs(args.tp_outage_window_secs);
     let engine = EngineClient::start(engine_config);
     let model_root = args.model.display().to_string();
     let served_model_name = args

@@ -82,6 +82,13 @@ async fn completion_returns_text_usage_and_metrics() {
         v["usage"],
         json!({"prompt_tokens": prompt_ids.len(), "completion_tokens": completion, "total_tokens": prompt_ids.len() + completion})
     );
+    // The worker is told that the final output arrived, so it can forget what it kept.
+    support::wait_until(
+        Duration::from_secs(5),
+        "final output acknowledged to the worker",
+        || async { engine.delivered() == vec![add.id] },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -370,14 +377,16 @@ async fn worker_death_fails_in_flight_requests_with_503() {
 }
 
 #[tokio::test]
-async fn token_processor_death_ends_streams_with_an_error_event() {
+async fn token_processor_gone_past_the_outage_window_ends_streams_with_an_error_event() {
+    // The test client's window is 1 s after the token-processor is declared dead.
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
     let r = post(&base, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "Hi"}], "stream": true, "max_tokens": 1000})).await;
     let mut body = r.bytes_stream();
     let _ = body.next().await.unwrap().unwrap();
     engine.kill_tp();
-    let rest = tokio::time::timeout(Duration::from_secs(5), async {
+    let killed = std::time::Instant::now();
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
         let mut text = String::new();
         while let Some(chunk) = body.next().await {
             text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
@@ -386,6 +395,11 @@ async fn token_processor_death_ends_streams_with_an_error_event() {
     })
     .await
     .expect("stream ends instead of hanging");
+    let ended = killed.elapsed();
+    assert!(
+        ended >= Duration::from_secs(1),
+        "the stream waited out the window, ended after {ended:?}"
+    );
     let data = sse_data(&rest);
     assert_eq!(data.last().unwrap(), "[DONE]");
     let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
-use engine_worker::engine::{Engine, EngineConfig, TokenBytes};
+use engine_worker::engine::{Engine, EngineConfig, RetainBounds, TokenBytes};
 use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
@@ -102,6 +102,18 @@ struct Args {
     /// Step batches queued for the token-processor before the worker drops them and resyncs.
     #[arg(long, env = "SPECULA_TP_QUEUE", default_value_t = 1024)]
     tp_queue: usize,
+    /// Finished requests are kept (tokens and acceptance history) until their api-server
+    /// acknowledges the final output, so a restarted or stalled token-processor can replay them:
+    /// at most this many MiB (the oldest go first, counted); a resync must fit in one 16 MiB frame.
+    #[arg(long, env = "SPECULA_RETAIN_MAX_MIB", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=12))]
+    retain_max_mib: u32,
+
+    /// How long a finished request is kept unacknowledged before it is dropped (longer than the
+    /// api-server's `--tp-outage-window-secs`).
+    #[arg(long, env = "SPECULA_RETAIN_MAX_AGE_SECS", default_value_t = 120)]
+    retain_max_age_secs: u64,
+
     /// Write every step's acceptance events as JSON Lines to this file.
     #[arg(long, env = "SPECULA_TRACE_ACCEPTANCE")]
     trace_acceptance: Option<PathBuf>,
@@ -328,7 +340,12 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
         max_model_len: args.max_model_len,
         max_waiting: args.max_waiting,
     };
-    Ok(Engine::new(backend, cfg, vocab))
+    let mut engine = Engine::new(backend, cfg, vocab);
+    engine.set_retain_bounds(RetainBounds {
+        max_bytes: (args.retain_max_mib as usize) << 20,
+        max_age: Duration::from_secs(args.retain_max_age_secs),
+    });
+    Ok(engine)
 }
 
 fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> {

@@ -253,3 +253,47 @@ fn eos_ends_unless_ignored() {
         assert_eq!(out[&1].tokens[..common], full[0].tokens[..common]);
     }
 }
+
+/// A finished request stays in the resync (with its finish, tokens and history) until its
+/// api-server acknowledges it, so a token-processor that missed the end can replay it exactly.
+#[test]
+fn finished_requests_stay_in_the_resync_until_acknowledged() {
+    let backend = ToyBackend::new(VOCAB, vec![0], 256, 4);
+    let mut engine = Engine::new(backend, engine_config(4, 4), None);
+    let reqs = greedy_reqs(3, 11);
+    for (i, (prompt, max_tokens, sampling)) in reqs.iter().enumerate() {
+        engine
+            .add_request(request(
+                i as u64,
+                prompt.clone(),
+                *max_tokens,
+                sampling.clone(),
+            ))
+            .unwrap();
+    }
+    let mut outcomes = HashMap::new();
+    run_to_completion(&mut engine, &mut outcomes);
+    let resync = engine.resync_requests();
+    assert_eq!(resync.len(), 3, "every finished request is kept");
+    for r in &resync {
+        let o = &outcomes[&r.id];
+        assert_eq!(r.tokens, o.tokens);
+        assert_eq!(Some(r.finish), o.finish.map(FinishReason::code));
+        let steps: Vec<(u8, u8)> = r
+            .drafted
+            .iter()
+            .copied()
+            .zip(r.accepted.iter().copied())
+            .collect();
+        assert_eq!(steps, o.steps);
+    }
+    assert!(
+        engine.not_held(&[0, 1, 2, 99]) == vec![99],
+        "kept requests count as held"
+    );
+    engine.delivered(&[0]);
+    assert!(engine.abort(1), "an abort forgets a kept request");
+    assert_eq!(engine.abort_owner("test-api"), 1);
+    assert!(engine.resync_requests().is_empty());
+    assert_eq!(engine.retained_stats(), (0, 0, 0));
+}

@@ -77,9 +77,15 @@ pub enum ApiToWorker {
         api_server_id: String,
         epoch: u64,
     },
-    /// Requests of the sender that made no progress for a long time: the worker answers with
-    /// [`WorkerToApi::NotHeld`] for those it does not hold (at most [`MAX_PROBE_IDS`]).
+    /// Requests of the sender whose outputs stalled or arrived with a gap: the worker answers
+    /// with [`WorkerToApi::NotHeld`] for those it does not hold (at most [`MAX_PROBE_IDS`]), and
+    /// resyncs the token-processor (which replays the rest) when it holds any.
     Probe {
+        ids: Vec<RequestId>,
+    },
+    /// The final outputs of these requests reached the sender (at most [`MAX_PROBE_IDS`]): the
+    /// worker forgets them. Until then it keeps them for a resync.
+    Delivered {
         ids: Vec<RequestId>,
     },
 }

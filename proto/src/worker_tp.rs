@@ -39,6 +39,12 @@ pub struct Heartbeat {
     pub waiting: u32,
     /// False while draining for shutdown.
     pub accepting: bool,
+    /// Finished requests kept until their api-server acknowledges the final output
+    /// ([`ApiToWorker::Delivered`](crate::api_worker::ApiToWorker::Delivered)), and their bytes.
+    pub retained: u32,
+    pub retained_bytes: u64,
+    /// Retained requests dropped unacknowledged (over the bound or too old) since start.
+    pub retained_evicted: u64,
 }
 
 /// Row flag: this row is the request's prefill (not a verification step).
@@ -210,10 +216,14 @@ pub struct ResyncRequest {
     pub drafted: Vec<u8>,
     #[serde(with = "serde_bytes")]
     pub accepted: Vec<u8>,
+    /// [`FinishReason::code`] of a request that finished but whose final output its api-server
+    /// has not acknowledged yet; 0 while it runs.
+    pub finish: u8,
 }
 
-/// Sent right after [`WorkerHello`] on every (re)connect: the worker's in-flight requests as of
-/// just before step batch `next_seq`.
+/// Sent right after [`WorkerHello`] on every (re)connect, and whenever an api-server reports
+/// outputs missing: the worker's in-flight requests, and its finished ones not yet acknowledged,
+/// as of just before step batch `next_seq`. The token-processor replays each from token 0.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resync {
     pub worker_id: String,

@@ -65,6 +65,7 @@ fn every_message_round_trips() {
         reason: "taken".into(),
     });
     roundtrip(ApiToWorker::Probe { ids: vec![1, 2] });
+    roundtrip(ApiToWorker::Delivered { ids: vec![3] });
     roundtrip(WorkerToApi::NotHeld { ids: vec![2] });
     roundtrip(TpToApi::Outputs(samples::outputs()));
 }

@@ -207,14 +207,23 @@ impl Stack {
         prompts: &[String],
         max_tokens: u32,
     ) -> Vec<serde_json::Value> {
+        self.reference_choices_with(prompts, max_tokens, false)
+            .await
+    }
+
+    /// [`reference_choices`](Self::reference_choices), optionally generating past EOS.
+    pub async fn reference_choices_with(
+        &self,
+        prompts: &[String],
+        max_tokens: u32,
+        ignore_eos: bool,
+    ) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
         for p in prompts {
-            let (status, body) = super::openai::complete(
-                &self.http,
-                &self.api("/v1/completions"),
-                &super::openai::completion_body(p, max_tokens, false),
-            )
-            .await;
+            let mut request = super::openai::completion_body(p, max_tokens, false);
+            request["ignore_eos"] = ignore_eos.into();
+            let (status, body) =
+                super::openai::complete(&self.http, &self.api("/v1/completions"), &request).await;
             assert_eq!(status, 200, "{body}");
             out.push(body["choices"][0].clone());
         }

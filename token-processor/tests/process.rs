@@ -235,6 +235,9 @@ impl FakeWorker {
                     running: 0,
                     waiting: 0,
                     accepting: true,
+                    retained: 0,
+                    retained_bytes: 0,
+                    retained_evicted: 0,
                 };
                 send(socket, &WorkerToTp::Heartbeat(hb)).await;
             }

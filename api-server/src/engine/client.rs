@@ -115,6 +115,9 @@ impl EngineClient {
                     "ready": w.hello.as_ref().is_some_and(|h| h.ready),
                     "token_processor_takes_its_batches": w.worker_id().is_some_and(|id| tp.takes_batches_of(id)),
                     "running_and_waiting": w.reported_load,
+                    "retained_unacknowledged": w.retained.0,
+                    "retained_bytes": w.retained.1,
+                    "retained_dropped_total": w.retained.2,
                 })
             })
             .collect();
@@ -122,6 +125,7 @@ impl EngineClient {
         serde_json::json!({
             "in_flight": self.in_flight(),
             "token_processor_alive": lock(&self.shared.tp).alive(),
+            "token_processor_outage_s": self.shared.tp_outage().map(|d| d.as_secs_f64()),
             "workers": workers,
         })
     }

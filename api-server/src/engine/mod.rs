@@ -34,6 +34,9 @@ pub struct EngineConfig {
     /// A request without output for this long is checked with its worker; if the worker no
     /// longer holds it, it ends with an error instead of waiting for the request timeout.
     pub stall_timeout: Duration,
+    /// While the token-processor is gone, in-flight requests wait this long for it (a restart
+    /// replays their outputs) before they end with an error; new requests get a 503 meanwhile.
+    pub tp_outage_window: Duration,
 }
 
 impl EngineConfig {
@@ -44,6 +47,7 @@ impl EngineConfig {
             api_server_id,
             liveness: Liveness::default(),
             stall_timeout: Duration::from_secs(30),
+            tp_outage_window: Duration::from_secs(30),
             max_in_flight: 4096,
         }
     }

@@ -20,6 +20,9 @@ pub struct WorkerPeer {
     pub accepting: bool,
     /// running + waiting from the last heartbeat (all api-servers' requests).
     pub reported_load: u32,
+    /// Finished requests the worker keeps until acknowledged: (count, bytes, dropped since
+    /// start), from its last heartbeat.
+    pub retained: (u32, u64, u64),
     /// Why the worker refused our hello, or why we refused its (until the next hello).
     pub refused: Option<String>,
 }
@@ -33,6 +36,7 @@ impl WorkerPeer {
             clock: PeerClock::default(),
             accepting: false,
             reported_load: 0,
+            retained: (0, 0, 0),
             refused: None,
         }
     }
@@ -96,6 +100,7 @@ impl WorkerPeer {
         if heard == Heard::Known {
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
+            self.retained = (hb.retained, hb.retained_bytes, hb.retained_evicted);
         }
         heard
     }
@@ -215,6 +220,9 @@ mod tests {
             running: 1,
             waiting: 0,
             accepting,
+            retained: 0,
+            retained_bytes: 0,
+            retained_evicted: 0,
         }
     }
 

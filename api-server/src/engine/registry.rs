@@ -1,6 +1,7 @@
 //! In-flight engine requests of this api-server: who runs each one, where its outputs go, and
 //! how many tokens it has delivered (so duplicates replayed after a token-processor resync are
-//! dropped by `first_index`). Bounded: [`Registry::insert`] refuses past the cap.
+//! dropped by `first_index`, and an output past a gap waits for the replay instead). Bounded:
+//! [`Registry::insert`] refuses past the cap.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -28,13 +29,21 @@ struct Entry {
 /// How often one stalled request is probed at most.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 
+/// How soon one request is probed again after an output gap.
+const GAP_PROBE_EVERY: Duration = Duration::from_secs(1);
+
 /// What became of one dispatched output.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Dispatch {
     /// Delivered (possibly nothing new), request still running.
     Delivered,
-    /// The request ended and left the registry.
-    Finished,
+    /// The request completed and left the registry; `worker` may forget it.
+    Finished { worker: usize },
+    /// The request ended with an error and left the registry; `worker` must stop it.
+    Failed { worker: usize },
+    /// Tokens before this output never arrived: it was ignored, and `worker` should be asked
+    /// for a replay (Some unless asked within the last second).
+    Gap { probe: Option<usize> },
     /// Not ours (already finished or aborted): ignored.
     Unknown,
     /// The request's reader fell behind or left; it was dropped and must be aborted at
@@ -149,14 +158,23 @@ impl Registry {
         };
         let worker = entry.worker;
         if out.first_index > entry.delivered {
-            // Tokens between what we have and this output never arrived.
-            tracing::warn!(
+            // Tokens between what we have and this output never arrived (a token-processor
+            // restarted or dropped them): wait for the worker's replay, which starts at 0.
+            tracing::debug!(
                 gap_from = entry.delivered,
                 gap_to = out.first_index,
-                "output gap"
+                "output gap; asking for a replay"
             );
-            self.fail(out.id, EngineFailure::OutputGap);
-            return Dispatch::Finished;
+            let now = Instant::now();
+            let due = entry
+                .probed
+                .is_none_or(|t| now.saturating_duration_since(t) >= GAP_PROBE_EVERY);
+            if due {
+                entry.probed = Some(now);
+            }
+            return Dispatch::Gap {
+                probe: due.then_some(worker),
+            };
         }
         let skip = (entry.delivered - out.first_index) as usize;
         if skip < out.tokens.len() {
@@ -171,6 +189,7 @@ impl Registry {
         let Some(reason) = out.finish else {
             return Dispatch::Delivered;
         };
+        let failed = reason == FinishReason::Error;
         let event = match (reason, out.error) {
             (FinishReason::Error, error) => EngineEvent::Failed(match error.map(|e| e.kind) {
                 Some(OutputErrorKind::WorkerLost) => EngineFailure::WorkerLost,
@@ -185,7 +204,23 @@ impl Registry {
         };
         let _ = entry.tx.try_send(event);
         self.remove(out.id);
-        Dispatch::Finished
+        if failed {
+            Dispatch::Failed { worker }
+        } else {
+            Dispatch::Finished { worker }
+        }
+    }
+
+    /// Every request, as `(worker, id)`, marked probed: after a token-processor came back, each
+    /// worker is asked to replay what it holds of ours (and says which it no longer holds).
+    pub fn probe_all(&mut self, now: Instant) -> Vec<(usize, RequestId)> {
+        self.entries
+            .iter_mut()
+            .map(|(id, e)| {
+                e.probed = Some(now);
+                (e.worker, *id)
+            })
+            .collect()
     }
 }
 
@@ -240,7 +275,7 @@ mod tests {
         );
         assert_eq!(
             reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop))),
-            Dispatch::Finished
+            Dispatch::Finished { worker: 0 }
         );
         assert_eq!(drain(&mut rx), vec![10, 11, 12, 13, 14]);
         assert!(reg.is_empty());
@@ -249,17 +284,38 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_fails_the_request() {
+    fn a_gap_waits_for_the_replay_and_asks_for_it_once_a_second() {
         let mut reg = Registry::new(1, 8);
         let (tx, mut rx) = mpsc::channel(16);
         reg.insert(1, 0, tx);
         reg.dispatch(output(1, 0, &[1], None));
-        assert_eq!(reg.dispatch(output(1, 3, &[4], None)), Dispatch::Finished);
-        let mut failed = false;
-        while let Ok(ev) = rx.try_recv() {
-            failed |= matches!(ev, EngineEvent::Failed(EngineFailure::OutputGap));
-        }
-        assert!(failed);
+        assert_eq!(
+            reg.dispatch(output(1, 3, &[4], None)),
+            Dispatch::Gap { probe: Some(0) }
+        );
+        assert_eq!(
+            reg.dispatch(output(1, 4, &[5], Some(FinishReason::Stop))),
+            Dispatch::Gap { probe: None },
+            "asked already"
+        );
+        // The replay from 0 fills the gap; the stream is exact.
+        assert_eq!(
+            reg.dispatch(output(1, 0, &[1, 2, 3, 4, 5], Some(FinishReason::Stop))),
+            Dispatch::Finished { worker: 0 }
+        );
+        assert_eq!(drain(&mut rx), vec![1, 2, 3, 4, 5]);
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn an_error_final_says_the_worker_must_stop_the_request() {
+        let mut reg = Registry::new(1, 8);
+        let (tx, _rx) = mpsc::channel(16);
+        reg.insert(1, 0, tx);
+        assert_eq!(
+            reg.dispatch(output(1, 0, &[], Some(FinishReason::Error))),
+            Dispatch::Failed { worker: 0 }
+        );
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     watchdog: Mutex<Watchdog>,
     /// When stalled requests were last looked for.
     stall_check: Mutex<Instant>,
+    /// Since when the token-processor has been declared dead while requests wait for it.
+    tp_outage: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -81,6 +83,7 @@ impl Shared {
             sweeper: Mutex::new(Sweeper::new(config.liveness)),
             watchdog: Mutex::new(Watchdog::from_env()),
             stall_check: Mutex::new(Instant::now()),
+            tp_outage: Mutex::new(None),
             config,
         }
     }
@@ -211,14 +214,20 @@ impl Shared {
                     return Reply::Nothing;
                 }
                 let mut tp = lock(&self.tp);
+                let new_epoch = tp.hello.as_ref().is_some_and(|h| h.epoch != hello.epoch);
                 let changed = tp
                     .hello
                     .as_ref()
                     .is_none_or(|h| h.epoch != hello.epoch || h.workers != hello.workers);
+                let back = tp.hello.is_some() && (!tp.alive() || new_epoch);
                 if !tp.alive() || changed {
                     tracing::info!(epoch = hello.epoch, workers = ?hello.workers, "token-processor said hello");
                 }
                 tp.on_hello(hello, Instant::now());
+                drop(tp);
+                if back {
+                    self.tp_back();
+                }
                 Reply::Nothing
             }
             TpToApi::Outputs(outputs) => {
@@ -238,27 +247,85 @@ impl Shared {
         }
     }
 
-    /// Hands outputs to their requests' readers; aborts requests whose reader fell behind.
+    /// Hands outputs to their requests' readers. Tells each worker which requests it may forget
+    /// (their final output is here) and which to stop (ended in an error, or their reader fell
+    /// behind), and asks it to replay requests whose outputs arrived with a gap.
     fn dispatch(&self, outputs: Vec<proto::tp_api::RequestOutput>) {
-        let mut dropped = Vec::new();
+        let workers = self.worker_tx.len();
+        let mut delivered: Vec<Vec<RequestId>> = vec![Vec::new(); workers];
+        let mut gaps: Vec<Vec<RequestId>> = vec![Vec::new(); workers];
+        let mut stop = Vec::new();
+        let mut dropped = 0;
         {
             let mut registry = lock(&self.registry);
             for out in outputs {
                 let id = out.id;
-                if let Dispatch::Dropped { worker } = registry.dispatch(out) {
-                    dropped.push((worker, id));
+                match registry.dispatch(out) {
+                    Dispatch::Finished { worker } => delivered[worker].push(id),
+                    Dispatch::Failed { worker } => stop.push((worker, id)),
+                    Dispatch::Dropped { worker } => {
+                        dropped += 1;
+                        stop.push((worker, id));
+                    }
+                    Dispatch::Gap {
+                        probe: Some(worker),
+                    } => gaps[worker].push(id),
+                    Dispatch::Delivered | Dispatch::Gap { probe: None } | Dispatch::Unknown => {}
                 }
             }
         }
-        if !dropped.is_empty() {
-            tracing::warn!(
-                requests = dropped.len(),
-                "readers fell behind; requests aborted"
-            );
+        if dropped > 0 {
+            tracing::warn!(requests = dropped, "readers fell behind; requests aborted");
         }
-        for (worker, id) in dropped {
+        for (worker, id) in stop {
             self.send_abort(worker, id);
         }
+        for (worker, ids) in delivered.into_iter().enumerate() {
+            for chunk in ids.chunks(MAX_PROBE_IDS) {
+                // Lost to a full queue: the worker drops it at its retention age bound.
+                let _ = self.worker_tx[worker].try_send(ApiToWorker::Delivered {
+                    ids: chunk.to_vec(),
+                });
+            }
+        }
+        self.probe(gaps);
+    }
+
+    /// Asks each worker about requests of ours: it replays those it holds (through a resync of
+    /// the token-processor) and names those it does not. `by_worker[w]` are worker `w`'s.
+    fn probe(&self, by_worker: Vec<Vec<RequestId>>) {
+        for (worker, ids) in by_worker.into_iter().enumerate() {
+            for chunk in ids.chunks(MAX_PROBE_IDS) {
+                // A full queue: the link is down or behind; they are probed again later.
+                let _ = self.worker_tx[worker].try_send(ApiToWorker::Probe {
+                    ids: chunk.to_vec(),
+                });
+            }
+        }
+    }
+
+    /// The token-processor is back (restarted, or resumed after we declared it dead): the
+    /// outage ends, and every worker replays what it holds of our requests.
+    fn tp_back(&self) {
+        let waited = lock(&self.tp_outage).take();
+        let in_flight = lock(&self.registry).probe_all(Instant::now());
+        tracing::info!(
+            requests = in_flight.len(),
+            outage_ms = waited.map(|t| t.elapsed().as_millis() as u64),
+            "token-processor is back; asking the workers to replay our requests"
+        );
+        let mut by_worker: Vec<Vec<RequestId>> = vec![Vec::new(); self.worker_tx.len()];
+        for (worker, id) in in_flight {
+            if let Some(ids) = by_worker.get_mut(worker) {
+                ids.push(id);
+            }
+        }
+        self.probe(by_worker);
+    }
+
+    /// How long the token-processor has been gone while requests wait for it.
+    pub fn tp_outage(&self) -> Option<Duration> {
+        lock(&self.tp_outage).map(|t| t.elapsed())
     }
 
     /// One liveness pass (the api-server's main loop, which also feeds systemd's watchdog):
@@ -289,9 +356,24 @@ impl Shared {
         }
         self.probe_stalled(now);
         if lock(&self.tp).check_liveness(now) {
+            *lock(&self.tp_outage) = Some(now);
+            tracing::warn!(
+                requests = lock(&self.registry).len(),
+                window_s = self.config.tp_outage_window.as_secs(),
+                "token-processor declared dead; in-flight requests wait for it"
+            );
+        }
+        let expired = lock(&self.tp_outage).is_some_and(|since| {
+            now.saturating_duration_since(since) > self.config.tp_outage_window
+        });
+        if expired {
+            *lock(&self.tp_outage) = None;
             let lost = lock(&self.registry).fail_all(None, EngineFailure::TokenProcessorLost);
-            tracing::warn!(requests = lost.len(), "token-processor declared dead");
-            // Their outputs can no longer reach us: stop the work.
+            tracing::warn!(
+                requests = lost.len(),
+                "token-processor gone past the outage window; its requests end with an error"
+            );
+            // Their outputs can no longer reach us: stop the work (and what the workers keep).
             for (id, worker) in lost {
                 self.send_abort(worker, id);
             }
@@ -315,14 +397,7 @@ impl Shared {
                 ids.push(id);
             }
         }
-        for (worker, ids) in by_worker.into_iter().enumerate() {
-            for chunk in ids.chunks(MAX_PROBE_IDS) {
-                // A full queue: the link is down or behind; they are probed again later.
-                let _ = self.worker_tx[worker].try_send(ApiToWorker::Probe {
-                    ids: chunk.to_vec(),
-                });
-            }
-        }
+        self.probe(by_worker);
     }
 
     /// `Ok` when a request could complete now; otherwise why not.
@@ -337,7 +412,14 @@ impl Shared {
             ));
         }
         if !tp.alive() {
-            return Err("token-processor has not said hello recently".into());
+            return Err(match self.tp_outage() {
+                Some(gone) => format!(
+                    "token-processor has not said hello recently (gone {:.1} s; in-flight requests wait up to {} s for it)",
+                    gone.as_secs_f64(),
+                    self.config.tp_outage_window.as_secs()
+                ),
+                None => "token-processor has not said hello recently".into(),
+            });
         }
         let workers = lock(&self.workers);
         if workers.iter().any(|w| servable(w, &tp)) {

@@ -1,7 +1,10 @@
 //! `GET /health`: 200 only when requests can be served (tokenizer loaded, which holds once the
 //! server runs; a live accepting engine-worker; a token-processor heard within its window).
+//! A 503 carries the OpenAI error envelope with the reason, and the same engine status under
+//! `engine` (what is waiting, what the workers keep), so an operator sees both.
 
 use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -19,6 +22,16 @@ pub async fn handle(State(state): State<AppState>) -> Response {
             body["status"] = "ok".into();
             Json(body).into_response()
         }
-        Err(reason) => ApiError::unavailable(format!("not ready: {reason}")).into_response(),
+        Err(reason) => {
+            let error = ApiError::unavailable(format!("not ready: {reason}"));
+            let mut body: serde_json::Value =
+                serde_json::from_str(&error.envelope_json()).unwrap_or_default();
+            body["engine"] = state.engine.status();
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
     }
 }

@@ -64,6 +64,7 @@ pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> Engi
     let mut cfg = EngineConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
     cfg.liveness = link::Liveness::new(INTERVAL);
     cfg.stall_timeout = Duration::from_secs(1);
+    cfg.tp_outage_window = Duration::from_secs(1);
     cfg
 }
 
@@ -108,6 +109,8 @@ pub struct Record {
     pub adds: Vec<AddRequest>,
     pub aborts: Vec<RequestId>,
     pub probes: Vec<Vec<RequestId>>,
+    /// Requests whose final output the api-server acknowledged.
+    pub delivered: Vec<RequestId>,
 }
 
 pub struct FakeEngine {
@@ -201,6 +204,10 @@ impl FakeEngine {
         self.record.lock().unwrap().probes.clone()
     }
 
+    pub fn delivered(&self) -> Vec<RequestId> {
+        self.record.lock().unwrap().delivered.clone()
+    }
+
     pub fn adds(&self) -> Vec<AddRequest> {
         self.record.lock().unwrap().adds.clone()
     }
@@ -267,6 +274,9 @@ async fn run_worker(
                                 aborted.lock().unwrap().insert(abort.id);
                             }
                             ApiToWorker::Heartbeat { .. } => {}
+                            ApiToWorker::Delivered { ids } => {
+                                record.lock().unwrap().delivered.extend(ids);
+                            }
                             ApiToWorker::Probe { ids } => {
                                 record.lock().unwrap().probes.push(ids.clone());
                                 if matches!(&*behaviour.lock().unwrap(), Behaviour::Lost) {
@@ -285,6 +295,9 @@ async fn run_worker(
                                 running: 0,
                                 waiting: 0,
                                 accepting: true,
+                                retained: 0,
+                                retained_bytes: 0,
+                                retained_evicted: 0,
                             });
                             let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
                         }

@@ -5,6 +5,7 @@ use proto::worker_tp::ResyncRequest;
 use proto::{FinishReason, RequestId};
 
 use super::config::{validate_request, EngineConfig};
+use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
 use super::vocab::TokenBytes;
@@ -24,6 +25,8 @@ pub struct Engine<B: Backend> {
     /// Rows of requests aborted between steps, emitted with the next step; their sequences are
     /// kept until then so a resync still reports them.
     pending: Vec<(RowOut, Option<Sequence>)>,
+    /// Finished requests whose final output their api-server has not acknowledged yet.
+    retained: Retained,
 }
 
 impl<B: Backend> Engine<B> {
@@ -58,7 +61,46 @@ impl<B: Backend> Engine<B> {
             vocab,
             eos_token_ids,
             pending: Vec::new(),
+            retained: Retained::new(RetainBounds::default()),
         }
+    }
+
+    /// Sets how much of its finished, unacknowledged output the engine keeps (drops what it
+    /// kept so far).
+    pub fn set_retain_bounds(&mut self, bounds: RetainBounds) {
+        self.retained = Retained::new(bounds);
+    }
+
+    /// Finished requests kept for a resync: how many, their bytes, and how many were dropped
+    /// unacknowledged since start.
+    pub fn retained_stats(&self) -> (usize, usize, u64) {
+        (
+            self.retained.len(),
+            self.retained.bytes(),
+            self.retained.evicted(),
+        )
+    }
+
+    /// The api-server has the final outputs of `ids`: forget them.
+    pub fn delivered(&mut self, ids: &[RequestId]) {
+        for &id in ids {
+            self.retained.forget(id);
+        }
+    }
+
+    /// When the newest finished request kept since before `cutoff` (and after `after`) finished:
+    /// its final output is overdue (see [`Retained::overdue_since`]).
+    pub fn overdue_since(
+        &self,
+        cutoff: std::time::Instant,
+        after: Option<std::time::Instant>,
+    ) -> Option<std::time::Instant> {
+        self.retained.overdue_since(cutoff, after)
+    }
+
+    /// Drops retained requests past the age bound.
+    pub fn expire_retained(&mut self, now: std::time::Instant) {
+        self.retained.expire(now);
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -134,19 +176,20 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Aborts a request wherever it is; its abort row goes out with the next step. Returns
-    /// false for an unknown (e.g. already finished) id.
+    /// Aborts a request wherever it is; its abort row goes out with the next step. A finished
+    /// request kept for its api-server is forgotten. Returns false for an unknown id.
     pub fn abort(&mut self, id: RequestId) -> bool {
-        self.end_request(id, FinishReason::Abort)
+        self.end_request(id, FinishReason::Abort) || self.retained.forget(id)
     }
 
-    /// Of `ids`, those this engine does not hold (neither running nor waiting).
+    /// Of `ids`, those this engine does not hold (neither running, waiting nor finished and
+    /// kept for a resync).
     pub fn not_held(&self, ids: &[RequestId]) -> Vec<RequestId> {
         let held: std::collections::HashSet<RequestId> =
             self.scheduler.iter().map(|s| s.id).collect();
         ids.iter()
             .copied()
-            .filter(|id| !held.contains(id))
+            .filter(|id| !held.contains(id) && !self.retained.contains(*id))
             .collect()
     }
 
@@ -158,7 +201,8 @@ impl<B: Backend> Engine<B> {
             .filter(|s| s.owner == owner)
             .map(|s| s.id)
             .collect();
-        ids.iter().filter(|&&id| self.abort(id)).count()
+        let running = ids.iter().filter(|&&id| self.abort(id)).count();
+        running + self.retained.forget_owner(owner)
     }
 
     /// Aborts everything (end of a drain).
@@ -184,28 +228,36 @@ impl<B: Backend> Engine<B> {
         true
     }
 
-    /// In-flight requests the token-processor has heard of, as of the next step batch.
+    /// In-flight requests the token-processor has heard of, as of the next step batch, then the
+    /// finished ones kept until acknowledged.
     pub fn resync_requests(&self) -> Vec<ResyncRequest> {
         self.scheduler
             .iter()
             .chain(self.pending.iter().filter_map(|p| p.1.as_ref()))
             .filter(|s| s.announced)
-            .map(|s| ResyncRequest {
-                id: s.id,
-                owner: s.owner.clone(),
-                prompt_tokens: s.prompt_len as u32,
-                arrival_unix_ms: s.arrival_unix_ms,
-                prefilled: s.prefilled,
-                tokens: s.output().to_vec(),
-                drafted: s.drafted.clone(),
-                accepted: s.accepted.clone(),
-            })
+            .map(|s| resync_of(s, None))
+            .chain(self.retained.iter().cloned())
             .collect()
+    }
+
+    /// Emits the rows of requests ended between steps; those that ended in an engine error are
+    /// kept until acknowledged, like any finished request.
+    fn drain_pending(&mut self) -> Vec<RowOut> {
+        let now = std::time::Instant::now();
+        let mut rows = Vec::with_capacity(self.pending.len());
+        for (row, seq) in std::mem::take(&mut self.pending) {
+            if let (Some(FinishReason::Error), Some(seq)) = (row.finish, &seq) {
+                self.retained
+                    .keep(resync_of(seq, Some(FinishReason::Error)), now);
+            }
+            rows.push(row);
+        }
+        rows
     }
 
     /// Runs one step and returns its rows (empty when there is nothing to do).
     pub fn step(&mut self) -> Vec<RowOut> {
-        let mut rows: Vec<RowOut> = self.pending.drain(..).map(|p| p.0).collect();
+        let mut rows: Vec<RowOut> = self.drain_pending();
         let plan = self.scheduler.schedule();
         for id in plan.preempted {
             rows.push(RowOut {
@@ -230,7 +282,8 @@ impl<B: Backend> Engine<B> {
                 for id in ids {
                     self.end_request(id, FinishReason::Error);
                 }
-                rows.extend(self.pending.drain(..).map(|p| p.0));
+                let failed = self.drain_pending();
+                rows.extend(failed);
             }
         }
         rows
@@ -361,13 +414,31 @@ impl<B: Backend> Engine<B> {
                 finish,
                 start: take_start(seq),
             });
-            if finish.is_some() {
-                finished.push(seq.id);
+            if let Some(finish) = finish {
+                finished.push((seq.id, finish));
             }
         }
-        for id in finished {
-            self.scheduler.remove(id);
+        let now = std::time::Instant::now();
+        for (id, finish) in finished {
+            if let Some(seq) = self.scheduler.remove(id) {
+                self.retained.keep(resync_of(&seq, Some(finish)), now);
+            }
         }
+    }
+}
+
+/// What a resync says of a sequence: running (`finish` None) or finished and kept.
+fn resync_of(s: &Sequence, finish: Option<FinishReason>) -> ResyncRequest {
+    ResyncRequest {
+        id: s.id,
+        owner: s.owner.clone(),
+        prompt_tokens: s.prompt_len as u32,
+        arrival_unix_ms: s.arrival_unix_ms,
+        prefilled: s.prefilled,
+        tokens: s.output().to_vec(),
+        drafted: s.drafted.clone(),
+        accepted: s.accepted.clone(),
+        finish: finish.map_or(0, FinishReason::code),
     }
 }
 

@@ -3,11 +3,13 @@
 
 mod config;
 mod driver;
+mod retained;
 mod rows;
 mod stop;
 pub mod vocab;
 
 pub use config::{validate_request, EngineConfig};
 pub use driver::Engine;
+pub use retained::{RetainBounds, Retained};
 pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};
 pub use vocab::{TokenBytes, VocabKind};

@@ -254,6 +254,11 @@ async fn handle(
             // Best effort: a probe lost to a full queue is asked again.
             let _ = commands.try_send(EngineCommand::Probe { owner, ids });
         }
+        ApiToWorker::Delivered { mut ids } => {
+            ids.truncate(proto::api_worker::MAX_PROBE_IDS);
+            // Best effort: a lost acknowledgement only keeps the request until the age bound.
+            let _ = commands.try_send(EngineCommand::Delivered(ids));
+        }
     }
 }
 

@@ -13,6 +13,8 @@ pub enum EngineCommand {
     Abort(RequestId),
     /// An api-server went silent: abort everything it owns.
     AbortOwner(String),
+    /// An api-server has these requests' final outputs.
+    Delivered(Vec<RequestId>),
     /// An api-server asks which of its stalled requests we no longer hold.
     Probe {
         owner: String,

@@ -22,6 +22,9 @@ pub struct WorkerStatus {
     running: AtomicU32,
     waiting: AtomicU32,
     resync_requested: AtomicBool,
+    retained: AtomicU32,
+    retained_bytes: AtomicU64,
+    retained_evicted: AtomicU64,
     /// When the step loop last turned, as ns since `started`.
     last_turn_ns: AtomicU64,
     started: Instant,
@@ -50,6 +53,9 @@ impl WorkerStatus {
             running: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             resync_requested: AtomicBool::new(false),
+            retained: AtomicU32::new(0),
+            retained_bytes: AtomicU64::new(0),
+            retained_evicted: AtomicU64::new(0),
             last_turn_ns: AtomicU64::new(0),
             started: Instant::now(),
         }
@@ -94,6 +100,13 @@ impl WorkerStatus {
         self.waiting.store(waiting as u32, Ordering::SeqCst);
     }
 
+    /// Finished requests kept until acknowledged, their bytes, and drops since start.
+    pub fn publish_retained(&self, retained: usize, bytes: usize, evicted: u64) {
+        self.retained.store(retained as u32, Ordering::SeqCst);
+        self.retained_bytes.store(bytes as u64, Ordering::SeqCst);
+        self.retained_evicted.store(evicted, Ordering::SeqCst);
+    }
+
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst) as usize
     }
@@ -129,6 +142,9 @@ impl WorkerStatus {
             running: self.running.load(Ordering::SeqCst),
             waiting: self.waiting.load(Ordering::SeqCst),
             accepting: self.accepting(),
+            retained: self.retained.load(Ordering::SeqCst),
+            retained_bytes: self.retained_bytes.load(Ordering::SeqCst),
+            retained_evicted: self.retained_evicted.load(Ordering::SeqCst),
         }
     }
 }

@@ -16,6 +16,10 @@ use crate::backend::Backend;
 use crate::engine::{to_step_batch, Engine};
 use crate::trace::TraceWriter;
 
+/// Heartbeat intervals a finished request may go unacknowledged before the worker takes the
+/// token-processor link for stalled (a batch or an output lost on the way) and resyncs.
+const ACK_OVERDUE_HEARTBEATS: u32 = 4;
+
 /// How long the idle loop sleeps between looks at its inputs.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 /// Bound on handing the final batch and goodbye to the link at shutdown.
@@ -36,6 +40,9 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
     let mut next_seq = 0u64;
     let mut needs_resync = false;
     let mut drain_deadline: Option<Instant> = None;
+    let mut overdue = OverdueAcks::new(
+        Duration::from_millis(u64::from(io.status.heartbeat_interval_ms)) * ACK_OVERDUE_HEARTBEATS,
+    );
     loop {
         // Commands: block briefly only when idle.
         let mut first = if engine.has_work() {
@@ -54,6 +61,10 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
             handle_command(&mut engine, cmd, &io, &mut drain_deadline);
         }
         if io.status.take_resync_request() {
+            needs_resync = true;
+        }
+        engine.expire_retained(Instant::now());
+        if overdue.check(&engine, Instant::now()) {
             needs_resync = true;
         }
         if needs_resync && io.to_tp.capacity() > 0 {
@@ -102,12 +113,57 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
         }
         io.status
             .publish(next_seq, engine.num_running(), engine.num_waiting());
+        let (retained, retained_bytes, evicted) = engine.retained_stats();
+        io.status
+            .publish_retained(retained, retained_bytes, evicted);
         io.watchdog.feed(Instant::now());
         if draining_done {
             send_with_deadline(&io.to_tp, TpOutbound::Goodbye);
             tracing::info!(batches = next_seq, "drained; step loop exits");
             return;
         }
+    }
+}
+
+/// Watches the acknowledgements: a finished request whose final output its api-server has not
+/// acknowledged within the bound means the token-processor link lost something (or stalled),
+/// so the worker resyncs, which replays it. Each overdue request triggers at most one resync;
+/// looks at most every quarter bound.
+struct OverdueAcks {
+    bound: Duration,
+    covered_up_to: Option<Instant>,
+    last_look: Option<Instant>,
+}
+
+impl OverdueAcks {
+    fn new(bound: Duration) -> Self {
+        Self {
+            bound,
+            covered_up_to: None,
+            last_look: None,
+        }
+    }
+
+    fn check<B: Backend>(&mut self, engine: &Engine<B>, now: Instant) -> bool {
+        if self
+            .last_look
+            .is_some_and(|t| now.saturating_duration_since(t) < self.bound / 4)
+        {
+            return false;
+        }
+        self.last_look = Some(now);
+        let Some(cutoff) = now.checked_sub(self.bound) else {
+            return false;
+        };
+        let Some(newest) = engine.overdue_since(cutoff, self.covered_up_to) else {
+            return false;
+        };
+        self.covered_up_to = Some(newest);
+        tracing::warn!(
+            overdue_ms = now.saturating_duration_since(newest).as_millis() as u64,
+            "a finished request's output is unacknowledged past the bound; resyncing the token-processor"
+        );
+        true
     }
 }
 
@@ -162,8 +218,15 @@ fn handle_command<B: Backend>(
         EngineCommand::Abort(id) => {
             engine.abort(id);
         }
+        EngineCommand::Delivered(ids) => engine.delivered(&ids),
         EngineCommand::Probe { owner, ids } => {
-            let ids = engine.not_held(&ids);
+            let not_held = engine.not_held(&ids);
+            if not_held.len() < ids.len() {
+                // Outputs of requests we hold went missing on the way: the token-processor
+                // replays them from a resync.
+                io.status.request_resync();
+            }
+            let ids = not_held;
             if !ids.is_empty() {
                 let msg = WorkerToApi::NotHeld { ids };
                 if io.to_api.try_send(ApiOutbound { owner, msg }).is_err() {

@@ -35,6 +35,9 @@ pub fn heartbeat() -> Heartbeat {
         running: 3,
         waiting: 1,
         accepting: true,
+        retained: 2,
+        retained_bytes: 96,
+        retained_evicted: 0,
     }
 }
 
@@ -99,6 +102,7 @@ pub fn resync() -> Resync {
             tokens: vec![1, 2, 3, 4, 5, 6],
             drafted: vec![4, 0],
             accepted: vec![3, 0],
+            finish: 0,
         }],
     }
 }
@@ -254,6 +258,12 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
         (
             "api_to_worker_probe",
             enc(&ApiToWorker::Probe {
+                ids: vec![7, u64::MAX],
+            }),
+        ),
+        (
+            "api_to_worker_delivered",
+            enc(&ApiToWorker::Delivered {
                 ids: vec![7, u64::MAX],
             }),
         ),

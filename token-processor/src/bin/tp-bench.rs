@@ -265,6 +265,9 @@ async fn wait_processed(
                 running: 0,
                 waiting: 0,
                 accepting: true,
+                retained: 0,
+                retained_bytes: 0,
+                retained_evicted: 0,
             });
             push(worker, &hb).await?;
             next_heartbeat = Instant::now() + Duration::from_millis(100);

@@ -156,6 +156,9 @@ fn a_heartbeat_past_our_sequence_is_a_gap() {
         running: 2,
         waiting: 0,
         accepting: true,
+        retained: 0,
+        retained_bytes: 0,
+        retained_evicted: 0,
     };
     let out = feed(&mut ingest, WorkerToTp::Heartbeat(hb.clone()), 3);
     assert_eq!(ingest.stats().gaps, 1);
@@ -326,7 +329,7 @@ fn an_invalid_batch_is_dropped_and_fails_the_requests_it_names() {
 }
 
 #[test]
-fn resync_is_authoritative_and_forwards_only_unseen_tokens() {
+fn resync_is_authoritative_and_replays_every_token() {
     let mut ingest = Ingest::new(IngestConfig::default());
     started(&mut ingest); // 1: prefill + (4,2) → 4 tokens; 2: prefill + (4,4) → 6 tokens
     let resync = Resync {
@@ -344,6 +347,7 @@ fn resync_is_authoritative_and_forwards_only_unseen_tokens() {
                 tokens: vec![5; 4 + 2 + 1],
                 drafted: vec![4, 4, 3],
                 accepted: vec![2, 1, 0],
+                finish: 0,
             },
             // Request 5 we never heard of (e.g. we restarted).
             ResyncRequest {
@@ -355,6 +359,7 @@ fn resync_is_authoritative_and_forwards_only_unseen_tokens() {
                 tokens: vec![8, 9],
                 drafted: vec![2],
                 accepted: vec![0],
+                finish: 0,
             },
         ],
     };
@@ -364,8 +369,9 @@ fn resync_is_authoritative_and_forwards_only_unseen_tokens() {
         finals(&out),
         vec![(2, FinishReason::Error, Some(OutputErrorKind::StepGap))]
     );
+    // Replayed from index 0: the api-server drops the 4 tokens it has.
     let r1 = out.iter().find(|o| o.id == 1).unwrap();
-    assert_eq!((r1.first_index, r1.tokens.len()), (4, 3));
+    assert_eq!((r1.first_index, r1.tokens.len()), (0, 7));
     let r5 = out.iter().find(|o| o.id == 5).unwrap();
     assert_eq!((r5.first_index, r5.tokens.clone()), (0, vec![8, 9]));
     let m1 = ingest
@@ -497,4 +503,93 @@ fn a_stalled_worker_that_speaks_again_is_readmitted() {
     ingest.tick(at(1_000), &mut Outbox::default());
     feed(&mut ingest, B::new(2, 0).start(8, "api-a").msg(), 1_001);
     assert_eq!(ingest.live_workers(), 0);
+}
+
+fn resync_of(seq: u64, requests: Vec<ResyncRequest>) -> WorkerToTp {
+    WorkerToTp::Resync(Resync {
+        worker_id: W.into(),
+        epoch: 1,
+        next_seq: seq,
+        requests,
+    })
+}
+
+fn finished_request(
+    id: RequestId,
+    owner: &str,
+    tokens: Vec<u32>,
+    steps: &[(u8, u8)],
+) -> ResyncRequest {
+    ResyncRequest {
+        id,
+        owner: owner.into(),
+        prompt_tokens: 7,
+        arrival_unix_ms: 1_000_000,
+        prefilled: true,
+        tokens,
+        drafted: steps.iter().map(|s| s.0).collect(),
+        accepted: steps.iter().map(|s| s.1).collect(),
+        finish: FinishReason::Stop.code(),
+    }
+}
+
+/// A finished request the worker keeps until acknowledged is replayed with its final output
+/// by every resync that lists it, and its steps are counted once however often it is replayed:
+/// by a token-processor that never saw it (restarted) and by one that already finished it.
+#[test]
+fn finished_requests_in_a_resync_get_their_final_again_and_count_once() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest); // 1: 4 tokens after (4,2); 2: 6 tokens after (4,4)
+                          // Request 2 finishes in a batch we see; request 1 in one we lose.
+    feed(
+        &mut ingest,
+        B::new(1, 2).verify(2, 4, 0, Some(FinishReason::Stop)).msg(),
+        3,
+    );
+    let steps_seen = ingest.totals(W).unwrap().steps();
+    assert_eq!(steps_seen, 3);
+    let r1 = finished_request(1, "api-a", vec![5; 4 + 3], &[(4, 2), (4, 2)]);
+    let r2 = finished_request(2, "api-b", vec![5; 6 + 1], &[(4, 4), (4, 0)]);
+    for round in 0..3 {
+        let out = feed(
+            &mut ingest,
+            resync_of(4, vec![r1.clone(), r2.clone()]),
+            4 + round,
+        );
+        assert_eq!(
+            finals(&out),
+            vec![(1, FinishReason::Stop, None), (2, FinishReason::Stop, None)],
+            "round {round}"
+        );
+        for o in &out {
+            assert_eq!(o.first_index, 0, "replayed from the first token");
+            let want = if o.id == 1 { &r1 } else { &r2 };
+            assert_eq!(o.tokens, want.tokens);
+            assert_eq!(
+                o.usage.as_ref().unwrap().completion_tokens,
+                want.tokens.len() as u32
+            );
+            assert_eq!(o.speculate_metrics.as_ref().unwrap().num_steps, 2);
+        }
+        // Request 1's second step is new at the first replay; nothing is new afterwards.
+        assert_eq!(ingest.totals(W).unwrap().steps(), 4, "round {round}");
+        assert_eq!(ingest.in_flight(), 0);
+    }
+    // A token-processor that restarted counts the replayed history once, from zero.
+    let mut fresh = Ingest::new(IngestConfig::default());
+    feed(&mut fresh, hello(1, 4), 0);
+    for round in 0..2 {
+        let out = feed(
+            &mut fresh,
+            resync_of(4, vec![r1.clone(), r2.clone()]),
+            1 + round,
+        );
+        assert_eq!(finals(&out).len(), 2);
+        assert_eq!(fresh.totals(W).unwrap().steps(), 4, "round {round}");
+    }
+    // Once the worker no longer lists them (acknowledged), they are forgotten: a later listing
+    // would be a new request.
+    feed(&mut fresh, resync_of(4, vec![]), 3);
+    feed(&mut fresh, resync_of(4, vec![r1.clone()]), 4);
+    assert_eq!(fresh.totals(W).unwrap().steps(), 6);
 }

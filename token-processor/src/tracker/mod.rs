@@ -9,6 +9,7 @@ mod effects;
 mod figures;
 mod outputs;
 mod request;
+mod settled;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -66,6 +67,8 @@ pub struct Tracker {
     num_spec_tokens: usize,
     max_requests: usize,
     requests: IdMap<RequestState>,
+    /// Requests ended recently and what was counted of them (a resync may replay them).
+    settled: settled::Settled,
     owners: HashMap<String, Arc<str>>,
 }
 
@@ -75,6 +78,7 @@ impl Tracker {
             num_spec_tokens: num_spec_tokens as usize,
             max_requests,
             requests: IdMap::default(),
+            settled: settled::Settled::default(),
             owners: HashMap::new(),
         }
     }
@@ -229,7 +233,9 @@ impl Tracker {
                     obs.count_finish(reason);
                     obs.e2e_s.extend(state.age_s(now));
                     let owner = state.owner.clone();
-                    self.requests.remove(&row.id);
+                    if let Some(state) = self.requests.remove(&row.id) {
+                        self.settled.insert(row.id, &state);
+                    }
                     out.push(&owner, output);
                 }
             }
@@ -257,6 +263,7 @@ impl Tracker {
             );
             obs.count_finish(FinishReason::Error);
             obs.e2e_s.extend(state.age_s(now));
+            self.settled.insert(id, &state);
             out.push(&state.owner, output);
         }
     }
@@ -276,9 +283,12 @@ impl Tracker {
         }
     }
 
-    /// Makes the table exactly the worker's view (authoritative): requests it no longer has are
-    /// failed, known ones take its figures (counters grow by the difference), unknown ones are
-    /// adopted; tokens the owner has not been sent yet are forwarded.
+    /// Makes the table exactly the worker's view (authoritative) and replays it: requests the
+    /// worker no longer lists are failed; listed ones take its figures, counted once (a known
+    /// request's counters grow by the difference, as do those of a request this tracker ended
+    /// recently, from the steps it had counted; others are adopted); every listed request's
+    /// tokens go out again from index 0 (the api-server drops what it has), and finished ones
+    /// (kept by the worker until acknowledged) get their final output again.
     pub fn resync(
         &mut self,
         requests: &[ResyncRequest],
@@ -304,66 +314,114 @@ impl Tracker {
                 obs,
             );
         }
-        let k = self.num_spec_tokens;
+        // The worker forgot the others (acknowledged): they cannot come back.
+        self.settled.retain(&in_resync);
         for req in requests {
-            let Some(figures) = figures_from_history(k, &req.drafted, &req.accepted) else {
-                // A history the worker should never send; fail the request rather than guess.
-                if self.requests.contains_key(&req.id) {
-                    self.fail(
-                        req.id,
-                        OutputErrorKind::StepGap,
-                        "resync carried an invalid history",
-                        now,
-                        out,
-                        obs,
-                    );
-                } else {
+            self.replay(req, now, out, obs);
+        }
+    }
+
+    /// One request of a resync (see [`resync`](Self::resync)).
+    fn replay(
+        &mut self,
+        req: &ResyncRequest,
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        let k = self.num_spec_tokens;
+        let history = figures_from_history(k, &req.drafted, &req.accepted);
+        let (Some(figures), Some(finish)) = (history, FinishReason::from_code(req.finish)) else {
+            // A resync the worker should never send; fail the request rather than guess.
+            let message = "resync carried an invalid history or finish code";
+            if self.requests.contains_key(&req.id) {
+                self.fail(req.id, OutputErrorKind::StepGap, message, now, out, obs);
+            } else {
+                let owner: Arc<str> = self.owner(&req.owner);
+                let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
+                refuse(
+                    state,
+                    req.id,
+                    (OutputErrorKind::StepGap, message.to_owned()),
+                    out,
+                    obs,
+                );
+            }
+            return;
+        };
+        let ended_before = self.settled.get(req.id);
+        let mut state = match self.requests.remove(&req.id) {
+            Some(mut state) => {
+                obs.figures.add_growth(&figures, &state.figures);
+                state.figures = figures;
+                state
+            }
+            None => {
+                if finish.is_none()
+                    && ended_before.is_none()
+                    && self.requests.len() >= self.max_requests
+                {
                     let owner: Arc<str> = self.owner(&req.owner);
-                    let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
-                    let error = (
-                        OutputErrorKind::StepGap,
-                        "resync carried an invalid history".to_owned(),
-                    );
-                    refuse(state, req.id, error, out, obs);
+                    let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
+                    self.refuse_at_cap(state, req.id, out, obs);
+                    return;
                 }
-                continue;
-            };
-            let state = match self.requests.get_mut(&req.id) {
-                Some(state) => {
-                    obs.figures.add_growth(&figures, &state.figures);
-                    state.figures = figures;
-                    state
-                }
-                None => {
-                    if self.requests.len() >= self.max_requests {
-                        let owner: Arc<str> = self.owner(&req.owner);
-                        let state =
-                            RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
-                        self.refuse_at_cap(state, req.id, out, obs);
-                        continue;
+                let mut state = RequestState::new(
+                    self.owner(&req.owner),
+                    req.prompt_tokens,
+                    req.arrival_unix_ms,
+                    k,
+                );
+                match ended_before {
+                    Some(ended) => {
+                        let counted = (ended.steps as usize).min(req.drafted.len());
+                        let before = figures_from_history(
+                            k,
+                            &req.drafted[..counted],
+                            &req.accepted[..counted],
+                        )
+                        .unwrap_or_else(|| Figures::new(k));
+                        obs.figures.add_growth(&figures, &before);
+                        state.delivered = ended.delivered;
                     }
-                    obs.figures.add(&figures);
-                    obs.prompt_tokens += u64::from(req.prompt_tokens);
-                    let mut state = RequestState::new(
-                        self.owner(&req.owner),
-                        req.prompt_tokens,
-                        req.arrival_unix_ms,
-                        k,
-                    );
-                    state.figures = figures;
-                    self.requests.entry(req.id).or_insert(state)
+                    None => {
+                        obs.figures.add(&figures);
+                        obs.prompt_tokens += u64::from(req.prompt_tokens);
+                    }
                 }
-            };
-            state.prefilled = req.prefilled;
-            let already = state.delivered as usize;
-            if req.tokens.len() > already {
-                let fresh = req.tokens[already..].to_vec();
-                obs.generation_tokens += fresh.len() as u64;
-                state.last_delivery_ns = Some(now.mono_ns);
-                let output = state.tokens_output(req.id, fresh);
-                out.push(&state.owner.clone(), output);
+                state.figures = figures;
+                state
+            }
+        };
+        state.prefilled = req.prefilled;
+        let fresh = req.tokens.len().saturating_sub(state.delivered as usize);
+        obs.generation_tokens += fresh as u64;
+        if fresh > 0 {
+            state.last_delivery_ns = Some(now.mono_ns);
+        }
+        state.delivered = 0;
+        let mut output = state.tokens_output(req.id, req.tokens.clone());
+        let owner = state.owner.clone();
+        match finish {
+            None => {
+                self.requests.insert(req.id, state);
+            }
+            Some(reason) => {
+                let error = (reason == FinishReason::Error).then(|| {
+                    (
+                        OutputErrorKind::Engine,
+                        "the engine-worker failed the request".to_owned(),
+                    )
+                });
+                state.finalize(&mut output, reason, error, self.speculating());
+                if ended_before.is_none() {
+                    obs.count_finish(reason);
+                    obs.e2e_s.extend(state.age_s(now));
+                }
+                self.settled.insert(req.id, &state);
             }
         }
+        out.push(&owner, output);
     }
 }
 
