@@ -159,6 +159,46 @@ async fn token_processor_kill9_and_restart_loses_nothing() {
     }
 }
 
+/// The race the replay exists for: the restarted token-processor gets the worker's resync before
+/// the api-server has said hello to it, so the replayed outputs have nowhere to go and are
+/// dropped. The api-server, resumed, sees the new token-processor and asks for a replay; the
+/// token-processor sends every token again from index 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn token_processor_restart_while_the_api_server_is_paused_loses_nothing() {
+    let _g = SERIAL.lock().await;
+    let mut stack = Stack::start(StackConfig::default()).await;
+    let prompts = prompts(16);
+    let max_tokens = 40;
+    let want = stack.reference_choices(&prompts, max_tokens).await;
+    let streams = Streams::spawn(&stack, &prompts, max_tokens, false);
+    streams.wait_started(8).await;
+    stack.signal(Proc::ApiServer, "STOP");
+    stack.signal(Proc::TokenProcessor, "KILL");
+    stack
+        .wait_exit(Proc::TokenProcessor, Duration::from_secs(5))
+        .await;
+    stack.spawn(Proc::TokenProcessor);
+    wait_until(
+        Duration::from_secs(30),
+        "the worker's resync dropped for want of its api-server",
+        || async {
+            let text = stack.metrics_text_if_up().await;
+            metric_sum(&text, "specula_worker_resyncs_total") >= 1.0
+                && metric_sum(&text, "specula_outputs_dropped_total") > 0.0
+        },
+    )
+    .await;
+    stack.signal(Proc::ApiServer, "CONT");
+    assert_all_exact(
+        streams,
+        &want,
+        Duration::from_secs(60),
+        "tp restarted while the api-server was paused",
+    )
+    .await;
+    eprintln!("tp restarted while the api-server was paused: 16/16 exact after the replay");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     let _g = SERIAL.lock().await;
@@ -249,6 +289,49 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     eprintln!("api-server kill -9: worker stopped its requests {stopped:?} after the kill");
 }
 
+/// A draining worker or api-server refuses new work while `in_flight` still runs: the worker's
+/// api-server answers 503, the api-server itself accepts no connection. The token-processor has
+/// no work of its own to refuse.
+async fn refuses_new_work_while_draining(
+    stack: &Stack,
+    victim: Proc,
+    in_flight: &tokio::task::JoinHandle<Streamed>,
+) {
+    let refused = || async {
+        match victim {
+            Proc::EngineWorker => {
+                let (status, _) = complete(
+                    stack.client(),
+                    &stack.api("/v1/completions"),
+                    &completion_body("Hello", 1, false),
+                )
+                .await;
+                // A request sent before the worker saw the signal may still be served.
+                assert!(status == 200 || status == 503, "status {status}");
+                status == 503
+            }
+            Proc::ApiServer => {
+                let url = stack.api("/health");
+                let refused = stack.client().get(&url).send().await.is_err();
+                if refused {
+                    // No connection at all, not merely an error answer.
+                    let addr = url
+                        .trim_start_matches("http://")
+                        .trim_end_matches("/health");
+                    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+                }
+                refused
+            }
+            Proc::TokenProcessor => true,
+        }
+    };
+    wait_until(Duration::from_secs(10), "new work refused", refused).await;
+    assert!(
+        !in_flight.is_finished(),
+        "{victim:?}: the request in flight ended before new work was refused"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_drains_each_process_and_exits_0() {
     let _g = SERIAL.lock().await;
@@ -269,6 +352,7 @@ async fn sigterm_drains_each_process_and_exits_0() {
         })
         .await;
         stack.signal(victim, "TERM");
+        refuses_new_work_while_draining(&stack, victim, &task).await;
         let code = stack.wait_exit(victim, Duration::from_secs(30)).await;
         assert_eq!(
             code,
@@ -276,21 +360,21 @@ async fn sigterm_drains_each_process_and_exits_0() {
             "{victim:?} did not exit 0 on SIGTERM:\n{}",
             stack.log(victim)
         );
+        if victim == Proc::TokenProcessor {
+            // The api-server waits out a token-processor outage; a restarted one gets the
+            // request replayed by the worker.
+            stack.spawn(Proc::TokenProcessor);
+        }
         let s = tokio::time::timeout(Duration::from_secs(60), task)
             .await
             .unwrap()
             .unwrap();
-        match victim {
-            // A draining worker or api-server finishes the request in flight.
-            Proc::EngineWorker | Proc::ApiServer => {
-                assert!(
-                    s.done && s.error.is_none(),
-                    "{victim:?} did not drain: {s:?}"
-                )
-            }
-            // The token-processor hands nothing off: the request ends, explicitly.
-            Proc::TokenProcessor => assert!(s.done || is_explicit_error(&s), "{s:?}"),
-        }
+        // A draining worker or api-server finishes the request in flight; so does the stack
+        // whose token-processor stopped and came back.
+        assert!(
+            s.done && s.error.is_none(),
+            "the request did not complete after {victim:?} got SIGTERM: {s:?}"
+        );
     }
 }
 

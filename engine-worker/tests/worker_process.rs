@@ -11,7 +11,7 @@ use std::time::Duration;
 use proto::api_worker::{
     AddRequest, ApiHello, ApiToWorker, RejectReason, SamplingParams, StopConditions, WorkerToApi,
 };
-use proto::worker_tp::WorkerToTp;
+use proto::worker_tp::{Heartbeat, WorkerToTp};
 use proto::FinishReason;
 use zeromq::{DealerSocket, PullSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -100,6 +100,23 @@ async fn send_api(api: &mut Api, msg: &ApiToWorker) {
     api.send.send(msg.clone()).unwrap();
 }
 
+/// Sends `heartbeat` until the worker's heartbeat reports `want` retained requests.
+async fn retained_becomes(want: u32, api: &mut Api, heartbeat: &ApiToWorker) -> Heartbeat {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "heartbeats never said retained = {want}"
+        );
+        send_api(api, heartbeat).await;
+        if let Some(WorkerToApi::Heartbeat(hb)) = recv_api(api, Duration::from_millis(100)).await {
+            if hb.retained == want {
+                return hb;
+            }
+        }
+    }
+}
+
 fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
     ApiToWorker::Add(AddRequest {
         id,
@@ -131,8 +148,10 @@ async fn worker_serves_resyncs_aborts_and_drains() {
         .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
         .args(["--tp-endpoint", &tp_endpoint])
         .args([
+            // The default interval: silence is 1.5 s, far above how long a saturated 2-core
+            // machine delays the worker's I/O thread (100 ms made it abort live requests).
             "--heartbeat-interval-ms",
-            "100",
+            "500",
             "--num-spec-tokens",
             "4",
             "--drain-timeout-secs",
@@ -209,7 +228,7 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     let mut tokens = Vec::new();
     let mut next_seq = None;
     let mut finish = None;
-    let mut heartbeat_timer = tokio::time::interval(Duration::from_millis(50));
+    let mut heartbeat_timer = tokio::time::interval(Duration::from_millis(100));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while finish.is_none() {
         assert!(
@@ -231,6 +250,13 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     }
     assert_eq!(finish, Some(FinishReason::Length));
     assert_eq!(tokens.len(), 12);
+
+    // The finished request is kept (heartbeats say so) until the api-server acknowledges it.
+    let hb = retained_becomes(1, &mut dealer, &heartbeat).await;
+    assert!(hb.retained_bytes >= 12 * 4, "{hb:?}");
+    send_api(&mut dealer, &ApiToWorker::Delivered { ids: vec![2] }).await;
+    let hb = retained_becomes(0, &mut dealer, &heartbeat).await;
+    assert_eq!((hb.retained_bytes, hb.retained_evicted), (0, 0));
 
     // A long request; then the api-server falls silent.
     send_api(&mut dealer, &add(3, prompt.clone(), 400)).await;

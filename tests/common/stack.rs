@@ -241,6 +241,14 @@ impl Stack {
             .unwrap()
     }
 
+    /// The token-processor's `/metrics`, or "" while it does not answer (starting).
+    pub async fn metrics_text_if_up(&self) -> String {
+        match self.http.get(self.metrics_url()).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
     /// One process's log so far, for assertion messages.
     pub fn log(&self, p: Proc) -> String {
         std::fs::read_to_string(self.dir.join(format!("{}.log", p.binary_name())))

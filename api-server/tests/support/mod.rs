@@ -22,7 +22,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-pub const INTERVAL: Duration = Duration::from_millis(100);
+/// Heartbeat interval of the fakes and of the api-server under test: a peer is dead after 3 of
+/// them (600 ms). Long enough that a loaded 2-core machine stalling a test runtime for a few
+/// hundred milliseconds does not kill a peer; the tests' bounds are seconds past it.
+pub const INTERVAL: Duration = Duration::from_millis(200);
 
 pub fn model_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
