@@ -113,7 +113,7 @@ fn reference_steps(want: &[serde_json::Value]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_processor_kill9_and_restart_loses_nothing() {
     let _g = SERIAL.lock().await;
-    let mut stack = Stack::start(StackConfig::default()).await;
+    let mut stack = Stack::start(exact_figures()).await;
     let prompts = prompts(16);
     let max_tokens = 40;
     let want = stack.reference_choices(&prompts, max_tokens).await;
@@ -166,7 +166,7 @@ async fn token_processor_kill9_and_restart_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_processor_restart_while_the_api_server_is_paused_loses_nothing() {
     let _g = SERIAL.lock().await;
-    let mut stack = Stack::start(StackConfig::default()).await;
+    let mut stack = Stack::start(exact_figures()).await;
     let prompts = prompts(16);
     let max_tokens = 40;
     let want = stack.reference_choices(&prompts, max_tokens).await;
@@ -202,7 +202,7 @@ async fn token_processor_restart_while_the_api_server_is_paused_loses_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     let _g = SERIAL.lock().await;
-    let mut stack = Stack::start(StackConfig::default()).await;
+    let mut stack = Stack::start(exact_figures()).await;
     let streams = Streams::spawn(&stack, &prompts(8), 1500, true);
     streams.wait_started(4).await;
     stack.signal(Proc::EngineWorker, "KILL");
@@ -251,7 +251,7 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     let _g = SERIAL.lock().await;
-    let mut stack = Stack::start(StackConfig::default()).await;
+    let mut stack = Stack::start(exact_figures()).await;
     let running = "specula_requests_running";
     let streams = Streams::spawn(&stack, &prompts(4), 1500, true);
     wait_until(Duration::from_secs(60), "4 requests running", || async {
@@ -336,7 +336,7 @@ async fn refuses_new_work_while_draining(
 async fn sigterm_drains_each_process_and_exits_0() {
     let _g = SERIAL.lock().await;
     for victim in [Proc::EngineWorker, Proc::ApiServer, Proc::TokenProcessor] {
-        let mut stack = Stack::start(StackConfig::default()).await;
+        let mut stack = Stack::start(exact_figures()).await;
         let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
         let task = tokio::spawn(async move {
             stream(
@@ -381,7 +381,7 @@ async fn sigterm_drains_each_process_and_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigstop_token_processor_30s_then_every_stream_completes_exactly() {
     let _g = SERIAL.lock().await;
-    let stack = Stack::start(StackConfig::default()).await;
+    let stack = Stack::start(exact_figures()).await;
     let worker_pid = stack.pid(Proc::EngineWorker);
     let rss = move || -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{worker_pid}/status")).unwrap();
@@ -440,7 +440,7 @@ async fn token_processor_gone_past_the_outage_window_ends_every_request_explicit
             window.as_secs().to_string(),
         ],
         worker_args: vec!["--retain-max-mib".into(), "1".into()],
-        ..StackConfig::default()
+        ..exact_figures()
     })
     .await;
     // Short: most finish on the worker during the window and are kept for a replay.
@@ -515,4 +515,13 @@ async fn worker_health(stack: &Stack) -> serde_json::Value {
     let health: serde_json::Value = r.json().await.unwrap();
     let status = health.get("engine").unwrap_or(&health);
     status["workers"][0].clone()
+}
+
+/// The fault tests compare every request's `speculate_metrics` with an undisturbed run's, so
+/// drafting must not depend on load: the fixed policy.
+fn exact_figures() -> StackConfig {
+    StackConfig {
+        spec_policy: "fixed",
+        ..StackConfig::default()
+    }
 }

@@ -118,6 +118,9 @@ impl Cluster {
                 &self.tp_ingest.clone(),
                 "--threads",
                 "1",
+                // The same prompt must give the same figures on either worker.
+                "--spec-policy",
+                "fixed",
             ],
         );
         self.workers[i] = Some(child);

@@ -15,6 +15,7 @@ use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo,
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::spec::SpecPolicy;
 use engine_worker::trace::TraceWriter;
 use link::service;
 use proto::worker_tp::MAX_SPEC_TOKENS;
@@ -27,6 +28,16 @@ enum LoadFormatArg {
     Safetensors,
     /// Random weights in the model's shape (benchmarks).
     Dummy,
+}
+
+/// `--spec-policy`: how many of the proposed drafts a sequence verifies each step.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SpecPolicyArg {
+    /// By expected gain: each draft token must be worth its verify cost in this batch, given
+    /// the request's acceptance so far, the match's strength and the measured step cost.
+    Goodput,
+    /// Every proposed token up to K, whatever the load (experiments).
+    Fixed,
 }
 
 #[derive(Debug, Parser)]
@@ -54,6 +65,15 @@ struct Args {
     /// K: draft tokens per verification step; 0 turns speculative decoding off.
     #[arg(long, env = "SPECULA_NUM_SPEC_TOKENS", default_value_t = 4)]
     num_spec_tokens: usize,
+    /// Drafting policy: `goodput` drafts only what is expected to pay in the current batch;
+    /// `fixed` verifies every proposed token up to K.
+    #[arg(
+        long,
+        env = "SPECULA_SPEC_POLICY",
+        value_enum,
+        default_value = "goodput"
+    )]
+    spec_policy: SpecPolicyArg,
     /// Shortest suffix the n-gram proposer matches.
     #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]
     ngram_min: usize,
@@ -333,6 +353,10 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
     );
     let cfg = EngineConfig {
         num_spec_tokens: args.num_spec_tokens,
+        spec_policy: match args.spec_policy {
+            SpecPolicyArg::Goodput => SpecPolicy::Goodput,
+            SpecPolicyArg::Fixed => SpecPolicy::Fixed,
+        },
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
         max_num_seqs: args.max_num_seqs,

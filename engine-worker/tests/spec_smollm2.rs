@@ -35,10 +35,16 @@ fn model() -> Model {
 }
 
 fn engine(k: usize, max_num_seqs: usize) -> Engine<CpuBackend> {
+    engine_with(k, max_num_seqs, SpecPolicy::Fixed)
+}
+
+fn engine_with(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
     let model = model();
     let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
     let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
-    Engine::new(backend, engine_config(k, max_num_seqs), vocab)
+    let mut cfg = engine_config(k, max_num_seqs);
+    cfg.spec_policy = policy;
+    Engine::new(backend, cfg, vocab)
 }
 
 fn golden_dir() -> PathBuf {
@@ -127,6 +133,31 @@ fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
         .map(|s| s.1 as usize)
         .sum();
     assert!(accepted > 0, "n-gram drafts should be accepted somewhere");
+}
+
+#[test]
+fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
+    let reqs: Vec<_> = prompts()
+        .into_iter()
+        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
+        .collect();
+    let plain = run(&mut engine(0, 8), &reqs);
+    let mut lone = engine_with(4, 1, SpecPolicy::Goodput);
+    let goodput_b1 = run(&mut lone, &reqs);
+    let goodput_b8 = run(&mut engine_with(4, 8, SpecPolicy::Goodput), &reqs);
+    for i in 0..reqs.len() {
+        assert_eq!(goodput_b1[i].tokens, plain[i].tokens, "prompt {i}: batch 1");
+        assert_eq!(goodput_b8[i].tokens, plain[i].tokens, "prompt {i}: batch 8");
+        assert!(goodput_b8[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
+    }
+    let cost = lone.planner().cost();
+    assert!(cost.fixed() > 0.0 && cost.per_token() > 0.0);
+    let drafted: usize = goodput_b1
+        .iter()
+        .flat_map(|o| &o.steps)
+        .map(|s| s.0 as usize)
+        .sum();
+    assert!(drafted > 0, "a lone stream on this CPU should draft");
 }
 
 #[test]

@@ -30,8 +30,20 @@ fn run(
     num_blocks: usize,
     reqs: &[(Vec<u32>, u32, SamplingParams)],
 ) -> (Vec<Outcome>, usize) {
+    run_with(SpecPolicy::Fixed, k, max_num_seqs, num_blocks, reqs)
+}
+
+fn run_with(
+    policy: SpecPolicy,
+    k: usize,
+    max_num_seqs: usize,
+    num_blocks: usize,
+    reqs: &[(Vec<u32>, u32, SamplingParams)],
+) -> (Vec<Outcome>, usize) {
     let backend = ToyBackend::new(VOCAB, vec![0], num_blocks, 4);
-    let mut engine = Engine::new(backend, engine_config(k, max_num_seqs), None);
+    let mut cfg = engine_config(k, max_num_seqs);
+    cfg.spec_policy = policy;
+    let mut engine = Engine::new(backend, cfg, None);
     let mut outcomes = HashMap::new();
     for (i, (prompt, max_tokens, sampling)) in reqs.iter().enumerate() {
         engine
@@ -89,6 +101,20 @@ fn greedy_with_speculation_matches_plain_greedy_at_batch_1_and_8() {
         steps < plain_steps,
         "speculation should need fewer steps ({steps} vs {plain_steps})"
     );
+}
+
+#[test]
+fn the_goodput_policy_keeps_greedy_output_exact_also_under_preemption() {
+    let reqs = greedy_reqs(16, 9);
+    let (plain, _) = run(0, 16, 4096, &reqs);
+    let (roomy, _) = run_with(SpecPolicy::Goodput, 4, 16, 4096, &reqs);
+    let (tight, preemptions) = run_with(SpecPolicy::Goodput, 4, 16, 40, &reqs);
+    assert!(preemptions > 0, "the tight cache should force preemptions");
+    for i in 0..reqs.len() {
+        assert_eq!(roomy[i].tokens, plain[i].tokens, "request {i}");
+        assert_eq!(tight[i].tokens, plain[i].tokens, "request {i} (preempted)");
+        assert!(roomy[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
+    }
 }
 
 #[test]

@@ -28,6 +28,9 @@ impl Proc {
 
 pub struct StackConfig {
     pub num_spec_tokens: u32,
+    /// The worker's `--spec-policy`: `goodput` (the product's default) or `fixed`, for tests
+    /// that compare a request's figures with another run's (drafting independent of load).
+    pub spec_policy: &'static str,
     /// Extra arguments per process.
     pub worker_args: Vec<String>,
     pub api_args: Vec<String>,
@@ -38,6 +41,7 @@ impl Default for StackConfig {
     fn default() -> Self {
         Self {
             num_spec_tokens: 4,
+            spec_policy: "goodput",
             worker_args: vec![],
             api_args: vec![],
             tp_args: vec![],
@@ -117,6 +121,7 @@ impl Stack {
                         "--num-spec-tokens",
                         &self.config.num_spec_tokens.to_string(),
                     ])
+                    .args(["--spec-policy", self.config.spec_policy])
                     .args(&self.config.worker_args);
             }
             Proc::ApiServer => {

@@ -11,6 +11,7 @@ use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::engine::{Engine, EngineConfig, RowKind, TokenBytes};
 use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::spec::SpecPolicy;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
 
 #[derive(Debug, Parser)]
@@ -43,6 +44,9 @@ struct Args {
     /// Longest n-gram the proposer matches.
     #[arg(long, default_value_t = EngineConfig::default().ngram_max)]
     ngram_max: usize,
+    /// Comma list of drafting policies for K > 0: goodput, fixed.
+    #[arg(long, default_value = "goodput,fixed", value_delimiter = ',')]
+    policies: Vec<String>,
     /// Comma list of prompts to run: repetitive, free-form.
     #[arg(long, default_value = "repetitive,free-form", value_delimiter = ',')]
     prompts: Vec<String>,
@@ -85,6 +89,7 @@ fn bench(
     model: &Model,
     prompt: &[u32],
     k: usize,
+    policy: SpecPolicy,
     streams: usize,
     args: &Args,
 ) -> anyhow::Result<Run> {
@@ -95,6 +100,7 @@ fn bench(
     let backend = CpuBackend::new(model.clone(), options)?;
     let cfg = EngineConfig {
         num_spec_tokens: k,
+        spec_policy: policy,
         max_num_seqs: streams,
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
@@ -154,19 +160,37 @@ fn main() -> anyhow::Result<()> {
     let code = prompt_ids(&args.golden, "code.json")?;
     let repetitive: Vec<u32> = code.iter().chain(&code).chain(&code).copied().collect();
     let free = prompt_ids(&args.golden, "story.json")?;
-    println!("| prompt | streams | K | decode tok/s | end-to-end tok/s | mean accepted length |");
-    println!("|---|---|---|---|---|---|");
+    let mut policies = Vec::new();
+    for name in &args.policies {
+        policies.push(match name.as_str() {
+            "goodput" => SpecPolicy::Goodput,
+            "fixed" => SpecPolicy::Fixed,
+            other => anyhow::bail!("unknown policy {other} (goodput, fixed)"),
+        });
+    }
+    println!(
+        "| prompt | streams | K | policy | decode tok/s | end-to-end tok/s | mean accepted length |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for (name, prompt) in [("repetitive", &repetitive), ("free-form", &free)] {
         if !args.prompts.iter().any(|p| p == name) {
             continue;
         }
         for &streams in &args.streams {
             for &k in &args.k {
-                let r = bench(&model, prompt, k, streams, &args)?;
-                println!(
-                    "| {name} | {streams} | {k} | {:.1} | {:.1} | {:.2} |",
-                    r.decode_tok_s, r.total_tok_s, r.mean_accept_len
-                );
+                let runs = if k == 0 {
+                    &[SpecPolicy::Fixed][..]
+                } else {
+                    &policies
+                };
+                for &policy in runs {
+                    let r = bench(&model, prompt, k, policy, streams, &args)?;
+                    let shown = if k == 0 { "-" } else { policy.name() };
+                    println!(
+                        "| {name} | {streams} | {k} | {shown} | {:.1} | {:.1} | {:.2} |",
+                        r.decode_tok_s, r.total_tok_s, r.mean_accept_len
+                    );
+                }
             }
         }
     }

@@ -2,10 +2,14 @@
 
 use proto::api_worker::{AddRequest, RejectReason};
 
+use crate::spec::SpecPolicy;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// K: most draft tokens per verify step; 0 turns speculation off.
     pub num_spec_tokens: usize,
+    /// How many of the proposed drafts (up to K) each sequence verifies per step.
+    pub spec_policy: SpecPolicy,
     pub ngram_min: usize,
     pub ngram_max: usize,
     pub max_num_seqs: usize,
@@ -19,6 +23,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             num_spec_tokens: 4,
+            spec_policy: SpecPolicy::default(),
             ngram_min: 1,
             ngram_max: 4,
             max_num_seqs: 16,

@@ -4,6 +4,7 @@ use proto::api_worker::{AddRequest, RejectReason};
 use proto::worker_tp::ResyncRequest;
 use proto::{FinishReason, RequestId};
 
+use super::calibrate::calibrate;
 use super::config::{validate_request, EngineConfig};
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
@@ -13,12 +14,25 @@ use crate::backend::{Backend, LogitsFor, SeqForward};
 use crate::kv::{BlockAllocator, BlockTable};
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
-use crate::spec::{verify, NgramProposer, Proposer};
+use crate::spec::{
+    verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepBase,
+    StepCost, Verdict,
+};
+
+/// One running sequence's outcome of a step: what it drafted (and how strong the proposer's
+/// match was), and the verifier's verdict.
+struct RowVerdict {
+    drafted: usize,
+    strength: usize,
+    verdict: Verdict,
+}
 
 pub struct Engine<B: Backend> {
     backend: B,
     scheduler: Scheduler,
     proposer: Option<Box<dyn Proposer>>,
+    /// How many proposed drafts each sequence verifies, and what it learned so far.
+    planner: DraftPlanner,
     cfg: EngineConfig,
     vocab: Option<TokenBytes>,
     eos_token_ids: Vec<u32>,
@@ -32,8 +46,21 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     /// `cfg.max_model_len` is clamped to what the model and the cache can hold, and the token
     /// budget raised to fit one verify step of every running sequence.
-    pub fn new(backend: B, mut cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
-        let alloc = BlockAllocator::new(backend.num_blocks(), backend.block_size());
+    pub fn new(mut backend: B, mut cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
+        let mut alloc = BlockAllocator::new(backend.num_blocks(), backend.block_size());
+        let calibration = if cfg.num_spec_tokens > 0 {
+            calibrate(&mut backend, &mut alloc, cfg.num_spec_tokens)
+        } else {
+            Vec::new()
+        };
+        let cost = StepCost::from_calibration(&calibration);
+        tracing::info!(
+            policy = cfg.spec_policy.name(),
+            forward_ms = cost.fixed() * 1e3,
+            per_token_ms = cost.per_token() * 1e3,
+            "verify cost calibrated"
+        );
+        let planner = DraftPlanner::new(cfg.spec_policy, cfg.num_spec_tokens, cost);
         cfg.max_model_len = cfg
             .max_model_len
             .min(backend.config().max_position_embeddings)
@@ -57,6 +84,7 @@ impl<B: Backend> Engine<B> {
             backend,
             scheduler,
             proposer,
+            planner,
             cfg,
             vocab,
             eos_token_ids,
@@ -115,6 +143,10 @@ impl<B: Backend> Engine<B> {
         &self.scheduler
     }
 
+    pub fn planner(&self) -> &DraftPlanner {
+        &self.planner
+    }
+
     pub fn proposer_name(&self) -> &str {
         self.proposer.as_ref().map_or("none", |p| p.name())
     }
@@ -170,6 +202,7 @@ impl<B: Backend> Engine<B> {
             prefilled: false,
             drafted: Vec::new(),
             accepted: Vec::new(),
+            acceptance: RequestAcceptance::default(),
             announced: false,
             output_bytes: Vec::new(),
         });
@@ -289,20 +322,55 @@ impl<B: Backend> Engine<B> {
         rows
     }
 
-    /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
-    /// running sequence its drafts count and verdict `(accepted, tokens)`.
-    fn run_forwards(&mut self) -> Result<Vec<(usize, usize, Vec<u32>)>, crate::EngineError> {
+    /// Proposes and plans each sequence's drafts: the tokens it verifies and the strength of
+    /// the match they come from.
+    fn plan_drafts(&self) -> Vec<(Vec<u32>, usize)> {
         let running = self.scheduler.running();
-        let drafts: Vec<Vec<u32>> = running
+        let mut proposals: Vec<(Vec<u32>, usize)> = running
             .iter()
             .map(|s| {
                 let mut out = Vec::new();
+                let mut strength = 0;
                 if let (Some(p), false) = (&self.proposer, s.phase() == SequencePhase::Prefill) {
-                    p.propose(&s.tokens, self.scheduler.max_drafts(s), &mut out);
+                    strength = p.propose(&s.tokens, self.scheduler.max_drafts(s), &mut out);
                 }
-                out
+                (out, strength)
             })
             .collect();
+        if self.proposer.is_none() {
+            return proposals;
+        }
+        let base = StepBase {
+            tokens: running
+                .iter()
+                .map(|s| match s.phase() {
+                    SequencePhase::Prefill => s.prompt_len,
+                    _ => 1,
+                })
+                .sum(),
+            rows: running.len(),
+        };
+        let candidates: Vec<DraftCandidate<'_>> = running
+            .iter()
+            .zip(&proposals)
+            .map(|(s, (drafts, strength))| DraftCandidate {
+                proposed: drafts.len(),
+                strength: *strength,
+                acceptance: &s.acceptance,
+            })
+            .collect();
+        let lengths = self.planner.plan(&candidates, base);
+        for ((drafts, _), length) in proposals.iter_mut().zip(lengths) {
+            drafts.truncate(length);
+        }
+        proposals
+    }
+
+    /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
+    /// running sequence its drafts and verdict.
+    fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
+        let planned = self.plan_drafts();
+        let running = self.scheduler.running();
         // Resumed sequences first rebuild their cache (all but the last token) in a forward of
         // their own, so the verify forward below treats them like any running sequence.
         let recompute: Vec<SeqForward<'_>> = running
@@ -320,8 +388,8 @@ impl<B: Backend> Engine<B> {
         }
         let verify_inputs: Vec<Vec<u32>> = running
             .iter()
-            .zip(&drafts)
-            .map(|(s, d)| {
+            .zip(&planned)
+            .map(|(s, (d, _))| {
                 let mut t = Vec::with_capacity(d.len() + 1);
                 t.push(*s.tokens.last().expect("sequences are never empty"));
                 t.extend_from_slice(d);
@@ -346,7 +414,15 @@ impl<B: Backend> Engine<B> {
                 },
             })
             .collect();
+        let started = std::time::Instant::now();
         let logits = self.backend.forward(&forwards)?;
+        // Steps with a prompt in them cost differently per token: only verify steps teach the
+        // policy what a verify token costs.
+        if forwards.iter().all(|f| f.logits == LogitsFor::All) {
+            let tokens = forwards.iter().map(|f| f.tokens.len()).sum();
+            self.planner
+                .observe_forward(tokens, started.elapsed().as_secs_f64());
+        }
         let vocab = self.backend.config().vocab_size;
         let expected: usize = forwards.iter().map(|f| f.logit_rows()).sum::<usize>() * vocab;
         if logits.len() != expected {
@@ -357,7 +433,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut offset = 0;
         let mut verdicts = Vec::with_capacity(running.len());
-        for ((s, f), d) in running.iter().zip(&forwards).zip(&drafts) {
+        for ((s, f), (d, strength)) in running.iter().zip(&forwards).zip(&planned) {
             let rows = &logits[offset..offset + f.logit_rows() * vocab];
             offset += rows.len();
             let position = s.num_generated();
@@ -367,25 +443,34 @@ impl<B: Backend> Engine<B> {
                 } else {
                     Distribution::new(rows, &s.sampling).sample(&mut position_rng(s.seed, position))
                 };
-                verdicts.push((0, 0, vec![token]));
+                verdicts.push(RowVerdict {
+                    drafted: 0,
+                    strength: 0,
+                    verdict: Verdict {
+                        accepted: 0,
+                        tokens: vec![token],
+                    },
+                });
             } else {
-                let v = verify(rows, vocab, d, &s.sampling, s.seed, position);
-                verdicts.push((d.len(), v.accepted, v.tokens));
+                verdicts.push(RowVerdict {
+                    drafted: d.len(),
+                    strength: *strength,
+                    verdict: verify(rows, vocab, d, &s.sampling, s.seed, position),
+                });
             }
         }
         Ok(verdicts)
     }
 
-    fn apply(&mut self, verdicts: Vec<(usize, usize, Vec<u32>)>, rows: &mut Vec<RowOut>) {
+    fn apply(&mut self, verdicts: Vec<RowVerdict>, rows: &mut Vec<RowOut>) {
         let rules = StopRules {
             eos_token_ids: &self.eos_token_ids,
             vocab: self.vocab.as_ref(),
             max_model_len: self.cfg.max_model_len,
         };
         let mut finished = Vec::new();
-        for (seq, (drafted, accepted, tokens)) in
-            self.scheduler.running_mut().iter_mut().zip(verdicts)
-        {
+        for (seq, v) in self.scheduler.running_mut().iter_mut().zip(verdicts) {
+            let (drafted, accepted, tokens) = (v.drafted, v.verdict.accepted, v.verdict.tokens);
             let kind = if seq.prefilled {
                 RowKind::Verify
             } else {
@@ -402,6 +487,8 @@ impl<B: Backend> Engine<B> {
             if kind == RowKind::Verify {
                 seq.drafted.push(drafted as u8);
                 seq.accepted.push(accepted as u8);
+                self.planner
+                    .observe_verdict(&mut seq.acceptance, v.strength, drafted, accepted);
             }
             seq.prefilled = true;
             let new_tokens = seq.tokens[seq.len() - appended..].to_vec();

@@ -1,6 +1,7 @@
 //! The step driver: schedule → propose → one batched forward (K+1 positions per running
 //! sequence plus prefills) → verify → append with stop checks → one row per request.
 
+mod calibrate;
 mod config;
 mod driver;
 mod retained;

@@ -4,6 +4,7 @@ use proto::api_worker::{SamplingParams, StopConditions};
 use proto::RequestId;
 
 use crate::kv::BlockTable;
+use crate::spec::RequestAcceptance;
 
 #[derive(Debug)]
 pub struct Sequence {
@@ -26,6 +27,8 @@ pub struct Sequence {
     /// `(drafted, accepted)` of every verification step, for resyncs.
     pub drafted: Vec<u8>,
     pub accepted: Vec<u8>,
+    /// How this request's drafts fared against the worker's acceptance table.
+    pub acceptance: RequestAcceptance,
     /// The request already appeared in a step batch (its start facts were sent).
     pub announced: bool,
     /// Decoded bytes of the output, kept only when the request has stop strings.

@@ -1,11 +1,20 @@
 //! Speculative decoding: a [`Proposer`] drafts up to K tokens per sequence and step; the
-//! [`verifier`] checks them against the target model's K+1 logits rows from one forward and
-//! accepts the longest valid prefix plus one token of the target's own.
+//! [`DraftPlanner`] decides how many of them each sequence verifies (by expected gain, or all of
+//! them); the [`verifier`] checks them against the target model's logits rows from one forward
+//! and accepts the longest valid prefix plus one token of the target's own.
 
+pub mod acceptance;
+pub mod cost;
 mod ngram;
+mod planner;
+pub mod policy;
 mod proposer;
 pub mod verifier;
 
+pub use acceptance::RequestAcceptance;
+pub use cost::StepCost;
 pub use ngram::NgramProposer;
+pub use planner::DraftPlanner;
+pub use policy::{DraftCandidate, SpecPolicy, StepBase};
 pub use proposer::Proposer;
 pub use verifier::{verify, Verdict};

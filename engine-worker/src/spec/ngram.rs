@@ -25,9 +25,9 @@ impl Proposer for NgramProposer {
         "ngram"
     }
 
-    fn propose(&self, tokens: &[u32], max_drafts: usize, out: &mut Vec<u32>) {
+    fn propose(&self, tokens: &[u32], max_drafts: usize, out: &mut Vec<u32>) -> usize {
         if max_drafts == 0 {
-            return;
+            return 0;
         }
         let len = tokens.len();
         for n in (self.min_n..=self.max_n).rev() {
@@ -43,9 +43,10 @@ impl Proposer for NgramProposer {
                 let from = start + n;
                 let to = (from + max_drafts).min(len);
                 out.extend_from_slice(&tokens[from..to]);
-                return;
+                return n;
             }
         }
+        0
     }
 }
 
@@ -57,6 +58,18 @@ mod tests {
         let mut out = Vec::new();
         p.propose(tokens, k, &mut out);
         out
+    }
+
+    #[test]
+    fn the_strength_is_the_matched_length() {
+        let p = NgramProposer::new(1, 3);
+        let mut out = Vec::new();
+        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2, 9, 1, 2], 4, &mut out), 2);
+        out.clear();
+        assert_eq!(p.propose(&[7, 1, 2, 3, 7, 1, 2, 3], 4, &mut out), 3);
+        out.clear();
+        assert_eq!(p.propose(&[5, 6, 7], 4, &mut out), 0);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use engine_worker::backend::{Backend, LogitsFor, SeqForward};
 use engine_worker::engine::{Engine, EngineConfig, RowKind, RowOut};
 use engine_worker::model::ModelConfig;
+pub use engine_worker::spec::SpecPolicy;
 use engine_worker::EngineError;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
 use proto::{FinishReason, RequestId};
@@ -227,9 +228,12 @@ pub fn run_to_completion<B: Backend>(
     );
 }
 
+/// An engine with the fixed drafting policy: every proposed token is verified, so a request's
+/// `(drafted, accepted)` sequence does not depend on the batch or the machine's speed.
 pub fn engine_config(k: usize, max_num_seqs: usize) -> EngineConfig {
     EngineConfig {
         num_spec_tokens: k,
+        spec_policy: SpecPolicy::Fixed,
         ngram_min: 1,
         ngram_max: 3,
         max_num_seqs,
