@@ -151,7 +151,7 @@ fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
         assert!(goodput_b8[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
     }
     let cost = lone.planner().cost();
-    assert!(cost.fixed() > 0.0 && cost.per_token() > 0.0);
+    assert!(cost.seconds(1.0) > 0.0 && cost.marginal(1.0) > 0.0);
     let drafted: usize = goodput_b1
         .iter()
         .flat_map(|o| &o.steps)

@@ -1,59 +1,100 @@
-//! Measures verify forwards of a few sizes at start, so the drafting policy knows this device's
-//! cost of a forward and of each token in it before the first request (the online fit refines
-//! it from then on).
+//! Measures verify forwards of growing sizes at start, so the drafting policy knows this
+//! device's cost curve (`StepCost`) before the first request; every verify forward refines it
+//! from then on.
 
 use std::time::Instant;
 
 use crate::backend::{Backend, LogitsFor, SeqForward};
 use crate::kv::{BlockAllocator, BlockTable};
 
-/// Total tokens of the measured forwards: one decode step, one verify of K+1, a small batch.
-fn sizes(max_drafts: usize) -> [usize; 3] {
-    let verify = max_drafts + 1;
-    [1, verify, 4 * verify]
+/// Sweeps over the sizes; per size the fastest run counts (a disturbed run is slower, never
+/// faster). Whole sweeps, not runs of one size in a row, so that a burst of other work at start
+/// (the api-server loading beside the worker) cannot spoil every run of one size.
+const SWEEPS: usize = 3;
+/// Cached positions before each measured sequence's tokens: attention over a context is part of
+/// what a verify token costs (ShareGPT chats run 100–600 positions). A cache too small for it
+/// is calibrated without context.
+const CONTEXT: usize = 256;
+
+/// Token counts measured: doublings from 1 up to the most a verify step carries.
+fn sizes(max_step_tokens: usize) -> Vec<usize> {
+    let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |&t| Some(t * 2))
+        .take_while(|&t| t < max_step_tokens)
+        .collect();
+    sizes.push(max_step_tokens.max(1));
+    sizes
 }
 
-/// `(tokens, seconds)` of verify-shaped forwards (sequences of up to K+1 tokens, every row's
-/// logits), the fastest of two runs each; empty when the cache cannot hold them or a forward
-/// fails (the policy then starts from a neutral guess).
+/// `(tokens, seconds)` of verify-shaped forwards (sequences of K+1 tokens after a context,
+/// every row's logits) of up to `max_step_tokens` tokens. Stops at the first size the cache cannot hold or whose
+/// forward fails; empty then, the policy starts from a neutral curve.
 pub fn calibrate<B: Backend>(
     backend: &mut B,
     alloc: &mut BlockAllocator,
     max_drafts: usize,
+    max_step_tokens: usize,
 ) -> Vec<(usize, f64)> {
     let verify = max_drafts + 1;
-    let seqs_needed = sizes(max_drafts)[2].div_ceil(verify);
-    let mut tables: Vec<BlockTable> = (0..seqs_needed).map(|_| BlockTable::default()).collect();
-    let reserved = tables.iter_mut().all(|t| t.reserve(alloc, verify));
-    let mut points = Vec::new();
-    if reserved {
-        let tokens = vec![0u32; verify];
-        'sizes: for total in sizes(max_drafts) {
-            let forwards: Vec<SeqForward<'_>> = tables
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (i * verify, t))
-                .take_while(|&(start, _)| start < total)
-                .map(|(start, table)| SeqForward {
-                    tokens: &tokens[..verify.min(total - start)],
-                    start_pos: 0,
-                    block_table: table.blocks(),
+    let tokens = vec![0u32; verify];
+    let sizes: Vec<usize> = sizes(max_step_tokens);
+    let context = if alloc.blocks_for(CONTEXT + verify) * sizes[sizes.len() - 1].div_ceil(verify)
+        <= alloc.num_free()
+    {
+        CONTEXT
+    } else {
+        0
+    };
+    let mut tables: Vec<BlockTable> = Vec::new();
+    // Sizes whose sequences all got cache blocks, smallest first.
+    let mut fitting = 0;
+    for &total in &sizes {
+        let seqs = total.div_ceil(verify);
+        while tables.len() < seqs {
+            let mut table = BlockTable::default();
+            if !table.reserve(alloc, context + verify) {
+                break;
+            }
+            tables.push(table);
+        }
+        if tables.len() < seqs {
+            break;
+        }
+        fitting += 1;
+    }
+    let mut fastest = vec![f64::INFINITY; fitting];
+    'sweeps: for _ in 0..SWEEPS {
+        for (i, &total) in sizes[..fitting].iter().enumerate() {
+            let forwards: Vec<SeqForward<'_>> = (0..total.div_ceil(verify))
+                .map(|s| SeqForward {
+                    tokens: &tokens[..verify.min(total - s * verify)],
+                    start_pos: context,
+                    block_table: tables[s].blocks(),
                     logits: LogitsFor::All,
                 })
                 .collect();
-            let mut fastest = f64::INFINITY;
-            for _ in 0..2 {
-                let started = Instant::now();
-                if backend.forward(&forwards).is_err() {
-                    break 'sizes;
-                }
-                fastest = fastest.min(started.elapsed().as_secs_f64());
+            let started = Instant::now();
+            if backend.forward(&forwards).is_err() {
+                fastest.truncate(i);
+                break 'sweeps;
             }
-            points.push((total, fastest));
+            fastest[i] = fastest[i].min(started.elapsed().as_secs_f64());
         }
     }
     for mut table in tables {
         table.release_all(alloc);
     }
-    points
+    sizes.into_iter().zip(fastest).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sizes;
+
+    #[test]
+    fn sizes_double_up_to_the_step_limit() {
+        assert_eq!(sizes(80), vec![1, 2, 4, 8, 16, 32, 64, 80]);
+        assert_eq!(sizes(64), vec![1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(sizes(1), vec![1]);
+        assert_eq!(sizes(0), vec![1]);
+    }
 }

@@ -19,6 +19,10 @@ use crate::spec::{
     StepCost, Verdict,
 };
 
+/// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
+/// along its last segment beyond it.
+const CALIBRATION_MAX_TOKENS: usize = 64;
+
 /// One running sequence's outcome of a step: what it drafted (and how strong the proposer's
 /// match was), and the verifier's verdict.
 struct RowVerdict {
@@ -49,15 +53,22 @@ impl<B: Backend> Engine<B> {
     pub fn new(mut backend: B, mut cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
         let mut alloc = BlockAllocator::new(backend.num_blocks(), backend.block_size());
         let calibration = if cfg.num_spec_tokens > 0 {
-            calibrate(&mut backend, &mut alloc, cfg.num_spec_tokens)
+            let verify_tokens = cfg.max_num_seqs * (cfg.num_spec_tokens + 1);
+            calibrate(
+                &mut backend,
+                &mut alloc,
+                cfg.num_spec_tokens,
+                verify_tokens.min(CALIBRATION_MAX_TOKENS),
+            )
         } else {
             Vec::new()
         };
         let cost = StepCost::from_calibration(&calibration);
         tracing::info!(
             policy = cfg.spec_policy.name(),
-            forward_ms = cost.fixed() * 1e3,
-            per_token_ms = cost.per_token() * 1e3,
+            one_token_ms = cost.seconds(1.0) * 1e3,
+            eight_tokens_ms = cost.seconds(8.0) * 1e3,
+            extra_token_at_eight_ms = cost.marginal(8.0) * 1e3,
             "verify cost calibrated"
         );
         let planner = DraftPlanner::new(cfg.spec_policy, cfg.num_spec_tokens, cost);

@@ -10,7 +10,11 @@ pub struct DraftPlanner {
     policy: SpecPolicy,
     table: AcceptanceTable,
     cost: StepCost,
+    forwards_seen: u64,
 }
+
+/// Every this many verify forwards the fitted cost goes to the log (debug).
+const REPORT_EVERY: u64 = 512;
 
 impl DraftPlanner {
     /// A planner for drafts of up to `max_drafts` tokens on a device whose verify forwards
@@ -20,6 +24,7 @@ impl DraftPlanner {
             policy,
             table: AcceptanceTable::new(max_drafts),
             cost,
+            forwards_seen: 0,
         }
     }
 
@@ -39,6 +44,17 @@ impl DraftPlanner {
     /// A verify forward of `tokens` tokens took `seconds`.
     pub fn observe_forward(&mut self, tokens: usize, seconds: f64) {
         self.cost.observe(tokens, seconds);
+        self.forwards_seen += 1;
+        if self.forwards_seen.is_multiple_of(REPORT_EVERY) {
+            tracing::debug!(
+                one_token_ms = self.cost.seconds(1.0) * 1e3,
+                eight_tokens_ms = self.cost.seconds(8.0) * 1e3,
+                last_tokens = tokens,
+                last_ms = seconds * 1e3,
+                first_draft_rate_by_strength = ?[1, 2, 3, 4].map(|n| self.table.rate(n, 0)),
+                "verify cost refitted"
+            );
+        }
     }
 
     /// The verifier accepted `accepted` of `drafted` tokens of a match of `strength`.

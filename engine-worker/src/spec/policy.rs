@@ -2,10 +2,11 @@
 //!
 //! `Goodput` (the default) maximises expected tokens per second of the whole step (SmartSpec,
 //! Liu et al. 2024, "Optimizing Speculative Decoding for Serving LLMs Using Goodput"): a step
-//! yields `Σ (1 + E[accepted])` tokens and costs `fixed + per_token · tokens`, so one more draft
-//! token with acceptance chance `m` pays iff `(G + m) / (c + per_token) > G / c`, i.e.
-//! `m > G · per_token / c`. Adding the best remaining draft token first is optimal because a
-//! sequence's chances only fall along its draft. A lone stream on a CPU drafts what is likely;
+//! yields `G = Σ (1 + E[accepted])` tokens and costs `c(tokens)` seconds, so one more draft
+//! token with acceptance chance `m` pays iff `(G + m) / (c + Δc) > G / c`, i.e.
+//! `m > G · Δc / c`, with `Δc` what one more token adds to this forward. Adding the best remaining
+//! draft token first is optimal because a sequence's chances only fall along its draft and
+//! `Δc` only grows with the tokens. A lone stream on a CPU drafts what is likely;
 //! a full batch drafts only near-certain tokens, since each one costs a token's compute in a
 //! forward that is already compute-bound. `Fixed` verifies every proposed token (up to K),
 //! independent of load, for experiments.
@@ -102,14 +103,16 @@ pub fn plan_draft_lengths(
         })
         .collect();
     let mut gain = base.rows.max(1) as f64;
-    let mut seconds = cost.seconds(base.tokens as f64);
-    let per_token = cost.per_token();
+    let mut tokens = base.tokens as f64;
+    let mut seconds = cost.seconds(tokens);
     while let Some(best) = heap.pop() {
-        if best.chance * seconds <= gain * per_token {
+        let extra = cost.marginal(tokens);
+        if best.chance * seconds <= gain * extra {
             break;
         }
         gain += best.chance;
-        seconds += per_token;
+        tokens += 1.0;
+        seconds += extra;
         let i = best.index;
         lengths[i] += 1;
         if lengths[i] < candidates[i].proposed {
@@ -126,9 +129,9 @@ pub fn plan_draft_lengths(
 mod tests {
     use super::*;
 
-    /// A CPU like the project's machine: 6 ms per forward plus 3.6 ms per token.
+    /// The project's CPU (bench-engine): 1.5 ms per extra token up to 8 tokens, 3 ms above.
     fn cpu() -> StepCost {
-        StepCost::from_calibration(&[(1, 0.0096), (5, 0.024), (8, 0.0348)])
+        StepCost::from_calibration(&[(1, 0.006), (8, 0.0165), (16, 0.0405), (40, 0.1125)])
     }
 
     fn trained(rate: f64) -> AcceptanceTable {
@@ -179,15 +182,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_stream_drafts_likely_tokens_and_a_full_batch_only_near_certain_ones() {
+    fn a_lone_stream_drafts_likely_tokens_and_a_compute_bound_batch_none() {
         let likely = trained(0.7);
         assert!(plan(&likely, 1, 4, 2)[0] >= 1, "one stream, 70%");
         assert_eq!(plan(&likely, 8, 4, 2), vec![0; 8], "eight streams, 70%");
         let certain = trained(0.97);
         assert!(
-            plan(&certain, 8, 4, 2).iter().all(|&d| d >= 1),
-            "eight streams, 97%"
+            plan(&certain, 4, 4, 2).iter().all(|&d| d >= 1),
+            "four streams, 97%"
         );
+        // Eight tokens already fill this CPU's compute: even near-certain drafts cost more than
+        // they return.
+        assert_eq!(plan(&certain, 8, 4, 2), vec![0; 8], "eight streams, 97%");
         let unlikely = trained(0.1);
         assert_eq!(plan(&unlikely, 1, 4, 2), vec![0], "one stream, 10%");
     }
