@@ -351,15 +351,16 @@ impl<B: Backend> Engine<B> {
         if self.proposer.is_none() {
             return proposals;
         }
+        // A prompt in the step is no reason to draft: the drafts would delay its first token,
+        // and its tokens cost less than verify tokens (one logits row). Plan as if the verify
+        // rows ran alone.
+        let verify_rows = running
+            .iter()
+            .filter(|s| s.phase() != SequencePhase::Prefill)
+            .count();
         let base = StepBase {
-            tokens: running
-                .iter()
-                .map(|s| match s.phase() {
-                    SequencePhase::Prefill => s.prompt_len,
-                    _ => 1,
-                })
-                .sum(),
-            rows: running.len(),
+            tokens: verify_rows,
+            rows: verify_rows,
         };
         let candidates: Vec<DraftCandidate<'_>> = running
             .iter()
