@@ -15,8 +15,8 @@ use crate::kv::{BlockAllocator, BlockTable};
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
-    verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepBase,
-    StepCost, Verdict,
+    verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
+    Verdict,
 };
 
 /// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
@@ -358,10 +358,6 @@ impl<B: Backend> Engine<B> {
             .iter()
             .filter(|s| s.phase() != SequencePhase::Prefill)
             .count();
-        let base = StepBase {
-            tokens: verify_rows,
-            rows: verify_rows,
-        };
         let candidates: Vec<DraftCandidate<'_>> = running
             .iter()
             .zip(&proposals)
@@ -371,7 +367,7 @@ impl<B: Backend> Engine<B> {
                 acceptance: &s.acceptance,
             })
             .collect();
-        let lengths = self.planner.plan(&candidates, base);
+        let lengths = self.planner.plan(&candidates, verify_rows);
         for ((drafts, _), length) in proposals.iter_mut().zip(lengths) {
             drafts.truncate(length);
         }

@@ -15,6 +15,6 @@ pub use acceptance::RequestAcceptance;
 pub use cost::StepCost;
 pub use ngram::NgramProposer;
 pub use planner::DraftPlanner;
-pub use policy::{DraftCandidate, SpecPolicy, StepBase};
+pub use policy::{DraftCandidate, SpecPolicy};
 pub use proposer::Proposer;
 pub use verifier::{verify, Verdict};

@@ -3,7 +3,7 @@
 
 use super::acceptance::{AcceptanceTable, RequestAcceptance};
 use super::cost::StepCost;
-use super::policy::{plan_draft_lengths, DraftCandidate, SpecPolicy, StepBase};
+use super::policy::{plan_draft_lengths, DraftCandidate, SpecPolicy};
 
 #[derive(Debug, Clone)]
 pub struct DraftPlanner {
@@ -28,17 +28,19 @@ impl DraftPlanner {
         }
     }
 
-    pub fn policy(&self) -> SpecPolicy {
-        self.policy
-    }
-
     pub fn cost(&self) -> &StepCost {
         &self.cost
     }
 
     /// How many proposed tokens each candidate verifies this step.
-    pub fn plan(&self, candidates: &[DraftCandidate<'_>], base: StepBase) -> Vec<usize> {
-        plan_draft_lengths(self.policy, candidates, base, &self.table, &self.cost)
+    pub fn plan(&self, candidates: &[DraftCandidate<'_>], verify_rows: usize) -> Vec<usize> {
+        plan_draft_lengths(
+            self.policy,
+            candidates,
+            verify_rows,
+            &self.table,
+            &self.cost,
+        )
     }
 
     /// A verify forward of `tokens` tokens took `seconds`.

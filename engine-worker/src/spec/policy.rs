@@ -45,14 +45,6 @@ pub struct DraftCandidate<'a> {
     pub acceptance: &'a RequestAcceptance,
 }
 
-/// The tokens a step carries before any draft: one per verify row, prompts and recomputed
-/// positions included; `rows` is how many sequences yield a token.
-#[derive(Debug, Clone, Copy)]
-pub struct StepBase {
-    pub tokens: usize,
-    pub rows: usize,
-}
-
 struct Next {
     chance: f64,
     index: usize,
@@ -78,12 +70,13 @@ impl Ord for Next {
     }
 }
 
-/// Draft lengths for `candidates` (one per verify row of the step): how many of its proposed
-/// tokens each verifies.
+/// Draft lengths for `candidates` (one per row of the step; prompt rows propose nothing): how
+/// many of its proposed tokens each verifies. The step is planned as `verify_rows` rows of one
+/// token each before any draft (each yields a token).
 pub fn plan_draft_lengths(
     policy: SpecPolicy,
     candidates: &[DraftCandidate<'_>],
-    base: StepBase,
+    verify_rows: usize,
     table: &AcceptanceTable,
     cost: &StepCost,
 ) -> Vec<usize> {
@@ -102,8 +95,8 @@ pub fn plan_draft_lengths(
             index,
         })
         .collect();
-    let mut gain = base.rows.max(1) as f64;
-    let mut tokens = base.tokens as f64;
+    let mut gain = verify_rows.max(1) as f64;
+    let mut tokens = verify_rows as f64;
     let mut seconds = cost.seconds(tokens);
     while let Some(best) = heap.pop() {
         let extra = cost.marginal(tokens);
@@ -158,13 +151,7 @@ mod tests {
                 acceptance: &fresh,
             })
             .collect();
-        plan_draft_lengths(
-            SpecPolicy::Goodput,
-            &candidates,
-            StepBase { tokens: n, rows: n },
-            table,
-            &cpu(),
-        )
+        plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, table, &cpu())
     }
 
     #[test]
@@ -176,8 +163,7 @@ mod tests {
             strength: 1,
             acceptance: &fresh,
         });
-        let base = StepBase { tokens: 3, rows: 3 };
-        let lengths = plan_draft_lengths(SpecPolicy::Fixed, &candidates, base, &table, &cpu());
+        let lengths = plan_draft_lengths(SpecPolicy::Fixed, &candidates, 3, &table, &cpu());
         assert_eq!(lengths, vec![3, 0, 4]);
     }
 
