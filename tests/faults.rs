@@ -404,10 +404,16 @@ async fn sigstop_token_processor_30s_then_every_stream_completes_exactly() {
     let stopped_at = Instant::now();
     let mut rss_max = rss_before;
     let mut retained_max = 0;
+    // When the worker reported (to the api-server) that the token-processor stopped
+    // acknowledging its batches.
+    let mut link_down_after = None;
     while stopped_at.elapsed() < Duration::from_secs(30) {
         rss_max = rss_max.max(rss());
         let worker = worker_health(&stack).await;
         retained_max = retained_max.max(worker["retained_unacknowledged"].as_u64().unwrap_or(0));
+        if link_down_after.is_none() && worker["token_processor_acknowledges"] == false {
+            link_down_after = Some(stopped_at.elapsed());
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // Within the api-server's 30 s outage window nothing ends: the streams wait.
@@ -416,9 +422,17 @@ async fn sigstop_token_processor_30s_then_every_stream_completes_exactly() {
     assert_eq!(ended, 0, "streams ended during the stop");
     assert_all_exact(streams, &want, Duration::from_secs(60), "tp SIGSTOP 30 s").await;
     eprintln!(
-        "tp SIGSTOP 30 s: 8/8 exact {:?} after the stop; up to {retained_max} finished requests \
-         kept by the worker meanwhile; worker RSS {rss_before} kB -> max {rss_max} kB",
+        "tp SIGSTOP 30 s: 8/8 exact {:?} after the stop; worker saw its link stalled after \
+         {link_down_after:?}; up to {retained_max} finished requests kept by the worker \
+         meanwhile; worker RSS {rss_before} kB -> max {rss_max} kB",
         stopped_at.elapsed()
+    );
+    // The acknowledgements stop: the worker knows within its liveness window (1.5 s) plus a
+    // heartbeat to the api-server, with margin for a loaded 2-core machine.
+    let link_down_after = link_down_after.expect("the worker never reported its link stalled");
+    assert!(
+        link_down_after < Duration::from_secs(5),
+        "stall seen only after {link_down_after:?}"
     );
     assert!(
         retained_max > 0,

@@ -112,7 +112,7 @@ struct Args {
         default_value = "tcp://127.0.0.1:5555"
     )]
     api_endpoint: String,
-    /// The token-processor's ingest (PULL) endpoint.
+    /// The token-processor's ingest (ROUTER) endpoint.
     #[arg(
         long,
         env = "SPECULA_TP_ENDPOINT",

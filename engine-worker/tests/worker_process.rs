@@ -1,19 +1,26 @@
 //! The real engine-worker binary on free loopback ports, with this test playing the
-//! token-processor (PULL) and an api-server (DEALER): readiness in the hello, a request served
-//! and reported in numbered step batches, refusal of a bad request, hello + resync on connect,
-//! abort of a silent api-server's requests, and a SIGTERM drain that ends with a goodbye and
-//! exit status 0.
+//! token-processor (ROUTER, acknowledging heartbeats) and an api-server (DEALER): readiness in
+//! the hello, a request served and reported in numbered step batches, refusal of a bad request,
+//! hello + resync on connect, every batch acknowledged, a stalled link (acknowledgements stop)
+//! detected and resynced, abort of a silent api-server's requests, and a SIGTERM drain that ends
+//! with a goodbye and exit status 0.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::api_worker::{
     AddRequest, ApiHello, ApiToWorker, RejectReason, SamplingParams, StopConditions, WorkerToApi,
 };
-use proto::worker_tp::{Heartbeat, WorkerToTp};
+use proto::worker_tp::{Heartbeat, TpToWorker, WorkerToTp};
 use proto::FinishReason;
-use zeromq::{DealerSocket, PullSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// The worker's heartbeat interval: the default, so silence is 1.5 s, far above how long a
+/// saturated 2-core machine delays the worker's I/O thread (100 ms made it abort live requests).
+const HEARTBEAT_MS: u64 = 500;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -34,13 +41,17 @@ impl Drop for Worker {
 
 type Inbox<T> = tokio::sync::mpsc::UnboundedReceiver<T>;
 
-/// The token-processor: a PULL socket whose messages arrive through a channel (a receive loop
-/// of its own, so no select! ever cancels a socket receive).
-async fn bind_tp(endpoint: &str) -> (Inbox<WorkerToTp>, tokio::task::JoinHandle<()>) {
-    let mut pull = PullSocket::new();
+/// The token-processor: a ROUTER whose messages arrive through a channel (a receive loop of its
+/// own, so no select! ever cancels a socket receive). Like the real one it acknowledges every
+/// heartbeat, while `acking` holds.
+async fn bind_tp(
+    endpoint: &str,
+    acking: Arc<AtomicBool>,
+) -> (Inbox<WorkerToTp>, tokio::task::JoinHandle<()>) {
+    let mut router = RouterSocket::new();
     let mut bound = false;
     for _ in 0..100 {
-        if pull.bind(endpoint).await.is_ok() {
+        if router.bind(endpoint).await.is_ok() {
             bound = true;
             break;
         }
@@ -49,8 +60,21 @@ async fn bind_tp(endpoint: &str) -> (Inbox<WorkerToTp>, tokio::task::JoinHandle<
     assert!(bound, "cannot bind the token-processor endpoint");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
-        while let Ok(msg) = pull.recv().await {
-            if tx.send(proto::decode(&msg.into_vec()[0]).unwrap()).is_err() {
+        while let Ok(msg) = router.recv().await {
+            let frames = msg.into_vec();
+            let decoded: WorkerToTp = proto::decode(frames.last().unwrap()).unwrap();
+            if let WorkerToTp::Heartbeat(hb) = &decoded {
+                if acking.load(Ordering::SeqCst) {
+                    let ack = TpToWorker::Ack {
+                        epoch: hb.epoch,
+                        next_seq: hb.next_seq,
+                    };
+                    let mut reply = ZmqMessage::from(proto::encode(&ack).unwrap());
+                    reply.push_front(frames[0].clone());
+                    let _ = router.send(reply).await;
+                }
+            }
+            if tx.send(decoded).is_err() {
                 break;
             }
         }
@@ -101,20 +125,31 @@ async fn send_api(api: &mut Api, msg: &ApiToWorker) {
 }
 
 /// Sends `heartbeat` until the worker's heartbeat reports `want` retained requests.
-async fn retained_becomes(want: u32, api: &mut Api, heartbeat: &ApiToWorker) -> Heartbeat {
+/// Heartbeats to the api-server until one satisfies `want` (named `what` in the failure).
+async fn heartbeat_where(
+    what: &str,
+    want: impl Fn(&Heartbeat) -> bool,
+    api: &mut Api,
+    heartbeat: &ApiToWorker,
+) -> Heartbeat {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "heartbeats never said retained = {want}"
+            "heartbeats never said {what}"
         );
         send_api(api, heartbeat).await;
         if let Some(WorkerToApi::Heartbeat(hb)) = recv_api(api, Duration::from_millis(100)).await {
-            if hb.retained == want {
+            if want(&hb) {
                 return hb;
             }
         }
     }
+}
+
+async fn retained_becomes(want: u32, api: &mut Api, heartbeat: &ApiToWorker) -> Heartbeat {
+    let what = format!("retained = {want}");
+    heartbeat_where(&what, |hb| hb.retained == want, api, heartbeat).await
 }
 
 fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
@@ -137,7 +172,8 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let (api_port, tp_port) = (free_port(), free_port());
     let tp_endpoint = format!("tcp://127.0.0.1:{tp_port}");
-    let (mut pull, _tp_task) = bind_tp(&tp_endpoint).await;
+    let acking = Arc::new(AtomicBool::new(true));
+    let (mut pull, _tp_task) = bind_tp(&tp_endpoint, acking.clone()).await;
     let child = Command::new(env!("CARGO_BIN_EXE_engine-worker"))
         .args([
             "--model",
@@ -148,10 +184,8 @@ async fn worker_serves_resyncs_aborts_and_drains() {
         .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
         .args(["--tp-endpoint", &tp_endpoint])
         .args([
-            // The default interval: silence is 1.5 s, far above how long a saturated 2-core
-            // machine delays the worker's I/O thread (100 ms made it abort live requests).
             "--heartbeat-interval-ms",
-            "500",
+            &HEARTBEAT_MS.to_string(),
             "--num-spec-tokens",
             "4",
             "--drain-timeout-secs",
@@ -257,6 +291,69 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     send_api(&mut dealer, &ApiToWorker::Delivered { ids: vec![2] }).await;
     let hb = retained_becomes(0, &mut dealer, &heartbeat).await;
     assert_eq!((hb.retained_bytes, hb.retained_evicted), (0, 0));
+
+    // Every batch sent is acknowledged by the token-processor, and the heartbeats say so.
+    let hb = heartbeat_where(
+        "every batch acknowledged",
+        |hb| hb.tp_link_up && hb.tp_acked_seq == hb.next_seq && hb.next_seq > 0,
+        &mut dealer,
+        &heartbeat,
+    )
+    .await;
+    assert_eq!(Some(hb.next_seq), next_seq, "{hb:?}");
+
+    // The token-processor stops acknowledging (paused or wedged, its socket still open): within
+    // the liveness window plus a heartbeat the worker gives up the connection, reconnects, and
+    // says hello and resyncs; its heartbeats report the link down meanwhile.
+    acking.store(false, Ordering::SeqCst);
+    let stalled_at = tokio::time::Instant::now();
+    let window = Duration::from_millis(3 * HEARTBEAT_MS);
+    let mut hello_again = None;
+    while hello_again.is_none() {
+        assert!(
+            stalled_at.elapsed() < 2 * window + Duration::from_secs(3),
+            "no reconnect after the acknowledgements stopped"
+        );
+        tokio::select! {
+            _ = heartbeat_timer.tick() => send_api(&mut dealer, &heartbeat).await,
+            msg = recv_tp(&mut pull) => if let WorkerToTp::Hello(_) = msg {
+                hello_again = Some(stalled_at.elapsed());
+            },
+        }
+    }
+    let detected = hello_again.unwrap();
+    // The last acknowledgement came up to one interval before `stalled_at`.
+    let interval = Duration::from_millis(HEARTBEAT_MS);
+    assert!(
+        detected + interval > window,
+        "reconnected before the window passed: {detected:?}"
+    );
+    loop {
+        match recv_tp(&mut pull).await {
+            WorkerToTp::Resync(r) => {
+                assert_eq!(r.next_seq, hb.next_seq, "nothing ran meanwhile");
+                break;
+            }
+            WorkerToTp::Step(b) => panic!("a batch before the resync: {b:?}"),
+            _ => {}
+        }
+    }
+    heartbeat_where(
+        "the link down",
+        |hb| !hb.tp_link_up,
+        &mut dealer,
+        &heartbeat,
+    )
+    .await;
+    acking.store(true, Ordering::SeqCst);
+    heartbeat_where(
+        "the link up again",
+        |hb| hb.tp_link_up,
+        &mut dealer,
+        &heartbeat,
+    )
+    .await;
+    eprintln!("stall detected and resynced {detected:?} after the acknowledgements stopped");
 
     // A long request; then the api-server falls silent.
     send_api(&mut dealer, &add(3, prompt.clone(), 400)).await;

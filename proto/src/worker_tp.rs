@@ -1,6 +1,9 @@
-//! engine-worker → token-processor (ZeroMQ PUSH → PULL). A worker says [`WorkerHello`] on every
-//! (re)connect, then a [`Resync`] of its in-flight requests, then numbered [`StepBatch`]es and
-//! periodic [`Heartbeat`]s.
+//! engine-worker ⇄ token-processor. The worker connects a DEALER to the token-processor's ROUTER
+//! and says [`WorkerHello`] on every (re)connect, then a [`Resync`] of its in-flight requests,
+//! then numbered [`StepBatch`]es and periodic [`Heartbeat`]s. The token-processor answers on the
+//! same connection ([`TpToWorker`]): every heartbeat and resync with an [`TpToWorker::Ack`] of
+//! the batches it took, anything from a worker it does not know with
+//! [`TpToWorker::AskHello`].
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +48,12 @@ pub struct Heartbeat {
     pub retained_bytes: u64,
     /// Retained requests dropped unacknowledged (over the bound or too old) since start.
     pub retained_evicted: u64,
+    /// The `next_seq` of the token-processor's latest [`TpToWorker::Ack`] on this connection:
+    /// batches below it were taken (0 before the first).
+    pub tp_acked_seq: u64,
+    /// The token-processor acknowledged within its liveness window; false while the link is
+    /// down or stalled (the worker reconnects and resyncs).
+    pub tp_link_up: bool,
 }
 
 /// Row flag: this row is the request's prefill (not a verification step).
@@ -230,6 +239,21 @@ pub struct Resync {
     pub epoch: u64,
     pub next_seq: u64,
     pub requests: Vec<ResyncRequest>,
+}
+
+/// token-processor → engine-worker, on the worker's connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TpToWorker {
+    /// Answer to each heartbeat and resync of a worker it takes: the batches of `epoch` below
+    /// `next_seq` were received and counted. Silence of these for the liveness window tells
+    /// the worker its link stalled.
+    Ack { epoch: u64, next_seq: u64 },
+    /// The token-processor does not know the sender (never heard its hello, declared it dead,
+    /// or restarted): say hello and resync.
+    AskHello,
+    /// The sender's hello was refused (version, K, a live worker holds the id, too many
+    /// workers).
+    Refused { reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

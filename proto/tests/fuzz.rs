@@ -6,7 +6,7 @@ mod samples;
 use proto::api_worker::{ApiToWorker, WorkerToApi};
 use proto::decode;
 use proto::tp_api::{ApiToTp, TpToApi};
-use proto::worker_tp::WorkerToTp;
+use proto::worker_tp::{TpToWorker, WorkerToTp};
 
 /// splitmix64: tiny, seeded, good enough to drive a fuzz loop without a dependency.
 struct Rng(u64);
@@ -40,6 +40,7 @@ fn decode_all(frame: &[u8]) -> usize {
     };
     ok += decode::<ApiToTp>(frame).is_ok() as usize;
     ok += decode::<TpToApi>(frame).is_ok() as usize;
+    ok += decode::<TpToWorker>(frame).is_ok() as usize;
     ok
 }
 

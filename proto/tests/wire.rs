@@ -4,7 +4,7 @@ mod samples;
 
 use proto::api_worker::{ApiToWorker, WorkerToApi};
 use proto::tp_api::{ApiToTp, TpToApi};
-use proto::worker_tp::WorkerToTp;
+use proto::worker_tp::{TpToWorker, WorkerToTp};
 use proto::{check_version, decode, encode, ProtoError, PROTOCOL_VERSION};
 use std::path::PathBuf;
 
@@ -68,6 +68,14 @@ fn every_message_round_trips() {
     roundtrip(ApiToWorker::Delivered { ids: vec![3] });
     roundtrip(WorkerToApi::NotHeld { ids: vec![2] });
     roundtrip(TpToApi::Outputs(samples::outputs()));
+    roundtrip(TpToWorker::Ack {
+        epoch: 3,
+        next_seq: u64::MAX,
+    });
+    roundtrip(TpToWorker::AskHello);
+    roundtrip(TpToWorker::Refused {
+        reason: "taken".into(),
+    });
 }
 
 fn fixture_dir() -> PathBuf {
@@ -111,6 +119,7 @@ fn fixtures_decode_to_their_link_type() {
             "worker_to_tp" => decode::<WorkerToTp>(&frozen).is_ok(),
             "api_to_tp" => decode::<ApiToTp>(&frozen).is_ok(),
             "tp_to_api" => decode::<TpToApi>(&frozen).is_ok(),
+            "tp_to_worker" => decode::<TpToWorker>(&frozen).is_ok(),
             other => panic!("unknown link {other}"),
         };
         assert!(ok, "fixture {name} does not decode");

@@ -5,7 +5,7 @@
 //!
 //! - [`tracker`]: per-request state and the spec's figures (pure).
 //! - [`ingest`]: the worker-facing state machine (epochs, sequence gaps, resync, heartbeats) and
-//!   its PULL-socket loop.
+//!   its ROUTER-socket loop.
 //! - [`forward`]: the api-server-facing ROUTER.
 //! - [`metrics`], [`binned`], [`http`]: Prometheus (histograms observed per row are binned per
 //!   batch) and `/health`.

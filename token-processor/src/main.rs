@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio::sync::{mpsc, watch};
-use zeromq::{PullSocket, RouterSocket, Socket};
+use zeromq::{RouterSocket, Socket};
 
 use link::service::{self, Watchdog};
 use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
@@ -45,7 +45,7 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// ZeroMQ endpoint the PULL socket binds for engine-workers' step batches.
+    /// ZeroMQ endpoint the ROUTER socket binds for engine-workers (step batches in, acknowledgements out).
     #[arg(
         long,
         env = "SPECULA_INGEST_ENDPOINT",
@@ -139,8 +139,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
         link::ipc::clear_stale_socket(endpoint).with_context(|| format!("preparing {endpoint}"))?;
     }
-    let mut pull = PullSocket::new();
-    pull.bind(&args.ingest_endpoint)
+    let mut ingest_router = RouterSocket::new();
+    ingest_router
+        .bind(&args.ingest_endpoint)
         .await
         .with_context(|| format!("binding ingest on {}", args.ingest_endpoint))?;
     let mut router = RouterSocket::new();
@@ -171,7 +172,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_workers: args.max_workers,
     };
     let ingest_task = tokio::spawn(ingest::run(
-        pull,
+        ingest_router,
         Ingest::new(config),
         IngestIo {
             forward: forward_tx,

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use proto::api_worker::ApiHello;
 use proto::tp_api::{ApiToTp, OutputErrorKind, RequestOutput, TpToApi};
 use proto::worker_tp::{
-    Heartbeat, RequestStart, Resync, StepBatch, StepRow, WorkerHello, WorkerToTp,
+    Heartbeat, RequestStart, Resync, StepBatch, StepRow, TpToWorker, WorkerHello, WorkerToTp,
 };
 use proto::FinishReason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zeromq::{DealerSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 const WORKER: &str = "w-test";
 const HEARTBEAT_MS: u32 = 200;
@@ -187,19 +187,19 @@ fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
     WorkerToTp::Step(b)
 }
 
-/// A fake engine-worker: its PUSH socket and next sequence number, shared with a task that
+/// A fake engine-worker: its DEALER socket and next sequence number, shared with a task that
 /// heartbeats as a live worker does until [`FakeWorker::fall_silent`]. Without it, any pause of
 /// the test itself longer than three intervals (a cold `promtool` start on a loaded CI machine)
 /// would look like a dead worker and fail the next step.
 struct FakeWorker {
-    link: Arc<tokio::sync::Mutex<(PushSocket, u64)>>,
+    link: Arc<tokio::sync::Mutex<(DealerSocket, u64)>>,
     heartbeats: tokio::task::JoinHandle<()>,
 }
 
 impl FakeWorker {
     /// Connects, says hello and resyncs (no requests), then starts heartbeating.
     async fn connect(endpoint: &str) -> FakeWorker {
-        let mut socket = PushSocket::new();
+        let mut socket = DealerSocket::new();
         socket.connect(endpoint).await.unwrap();
         let hello = WorkerHello {
             protocol_version: proto::PROTOCOL_VERSION,
@@ -238,6 +238,8 @@ impl FakeWorker {
                     retained: 0,
                     retained_bytes: 0,
                     retained_evicted: 0,
+                    tp_acked_seq: 0,
+                    tp_link_up: true,
                 };
                 send(socket, &WorkerToTp::Heartbeat(hb)).await;
             }
@@ -252,6 +254,29 @@ impl FakeWorker {
         let (socket, next_seq) = &mut *guard;
         send(socket, &batch(*next_seq, rows, starts)).await;
         *next_seq += 1;
+    }
+
+    /// Waits until the token-processor acknowledges every batch below `seq` (its answers to
+    /// our heartbeats); the lock is taken per attempt so heartbeats go on meanwhile.
+    async fn acked_through(&self, seq: u64) -> TpToWorker {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no acknowledgement of batch {} within 5 s",
+                seq.saturating_sub(1)
+            );
+            let mut guard = self.link.lock().await;
+            let recv = tokio::time::timeout(Duration::from_millis(20), guard.0.recv()).await;
+            drop(guard);
+            let Ok(Ok(msg)) = recv else { continue };
+            let reply: TpToWorker = proto::decode(msg.get(0).unwrap()).unwrap();
+            if let TpToWorker::Ack { next_seq, .. } = reply {
+                if next_seq >= seq {
+                    return reply;
+                }
+            }
+        }
     }
 
     /// Stops heartbeating, as a hung or killed worker does.
@@ -359,6 +384,15 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
             &[],
         )
         .await;
+
+    // Every batch is acknowledged by sequence number in answer to the heartbeats.
+    assert_eq!(
+        worker.acked_through(3).await,
+        TpToWorker::Ack {
+            epoch: 1,
+            next_seq: 3
+        }
+    );
 
     let mut got_a = Vec::new();
     while got_a

@@ -118,6 +118,8 @@ impl EngineClient {
                     "retained_unacknowledged": w.retained.0,
                     "retained_bytes": w.retained.1,
                     "retained_dropped_total": w.retained.2,
+                    "token_processor_acknowledges": w.tp_link.0,
+                    "step_batches_unacknowledged": w.tp_link.1,
                 })
             })
             .collect();

@@ -23,6 +23,9 @@ pub struct WorkerPeer {
     /// Finished requests the worker keeps until acknowledged: (count, bytes, dropped since
     /// start), from its last heartbeat.
     pub retained: (u32, u64, u64),
+    /// The worker's link to the token-processor, from its last heartbeat: acknowledged within
+    /// its window, and the step batches sent but not yet acknowledged.
+    pub tp_link: (bool, u64),
     /// Why the worker refused our hello, or why we refused its (until the next hello).
     pub refused: Option<String>,
 }
@@ -37,6 +40,7 @@ impl WorkerPeer {
             accepting: false,
             reported_load: 0,
             retained: (0, 0, 0),
+            tp_link: (false, 0),
             refused: None,
         }
     }
@@ -101,6 +105,7 @@ impl WorkerPeer {
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
             self.retained = (hb.retained, hb.retained_bytes, hb.retained_evicted);
+            self.tp_link = (hb.tp_link_up, hb.next_seq.saturating_sub(hb.tp_acked_seq));
         }
         heard
     }
@@ -223,6 +228,8 @@ mod tests {
             retained: 0,
             retained_bytes: 0,
             retained_evicted: 0,
+            tp_acked_seq: 0,
+            tp_link_up: true,
         }
     }
 

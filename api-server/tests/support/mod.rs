@@ -301,6 +301,8 @@ async fn run_worker(
                                 retained: 0,
                                 retained_bytes: 0,
                                 retained_evicted: 0,
+                                tp_acked_seq: 0,
+                                tp_link_up: true,
                             });
                             let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
                         }

@@ -1,5 +1,5 @@
 //! Process wiring around the [`Engine`](crate::engine::Engine): the step loop on its own OS
-//! thread, and on tokio the ZeroMQ links: a ROUTER for api-servers ([`api`]) and a PUSH to the
+//! thread, and on tokio the ZeroMQ links: a ROUTER for api-servers ([`api`]) and a DEALER to the
 //! token-processor with its own reconnect loop ([`tp`]). Bounded channels connect them.
 
 pub mod api;

@@ -25,6 +25,10 @@ pub struct WorkerStatus {
     retained: AtomicU32,
     retained_bytes: AtomicU64,
     retained_evicted: AtomicU64,
+    /// The token-processor's latest acknowledgement (`next_seq`), and whether it came within
+    /// the liveness window.
+    tp_acked_seq: AtomicU64,
+    tp_link_up: AtomicBool,
     /// When the step loop last turned, as ns since `started`.
     last_turn_ns: AtomicU64,
     started: Instant,
@@ -56,6 +60,8 @@ impl WorkerStatus {
             retained: AtomicU32::new(0),
             retained_bytes: AtomicU64::new(0),
             retained_evicted: AtomicU64::new(0),
+            tp_acked_seq: AtomicU64::new(0),
+            tp_link_up: AtomicBool::new(false),
             last_turn_ns: AtomicU64::new(0),
             started: Instant::now(),
         }
@@ -111,6 +117,17 @@ impl WorkerStatus {
         self.waiting.load(Ordering::SeqCst) as usize
     }
 
+    /// The token-processor acknowledged the batches below `next_seq`.
+    pub fn set_tp_acked(&self, next_seq: u64) {
+        self.tp_acked_seq.store(next_seq, Ordering::SeqCst);
+        self.tp_link_up.store(true, Ordering::SeqCst);
+    }
+
+    /// The token-processor link broke or stalled (until its next acknowledgement).
+    pub fn set_tp_link_down(&self) {
+        self.tp_link_up.store(false, Ordering::SeqCst);
+    }
+
     /// The token-processor link (re)connected and needs the in-flight state.
     pub fn request_resync(&self) {
         self.resync_requested.store(true, Ordering::SeqCst);
@@ -145,6 +162,8 @@ impl WorkerStatus {
             retained: self.retained.load(Ordering::SeqCst),
             retained_bytes: self.retained_bytes.load(Ordering::SeqCst),
             retained_evicted: self.retained_evicted.load(Ordering::SeqCst),
+            tp_acked_seq: self.tp_acked_seq.load(Ordering::SeqCst),
+            tp_link_up: self.tp_link_up.load(Ordering::SeqCst),
         }
     }
 }

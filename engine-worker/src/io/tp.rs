@@ -1,18 +1,27 @@
-//! The token-processor link: PUSH, connected by us, re-created by `link::connect` whenever it
-//! breaks. Every (re)connect says hello and asks the step loop for a resync; batches queued
-//! before that resync are stale and dropped. The link is one-way, so the token-processor cannot
-//! ask for a hello when it forgot us (declared us dead while we were paused): we repeat the hello
-//! every [`HELLO_EVERY`] heartbeats, which a token-processor that knows us takes as a no-op.
+//! The token-processor link: a DEALER, connected by us, re-created by `link::connect` whenever
+//! it breaks or stalls. Every (re)connect says hello and asks the step loop for a resync; batches
+//! queued before that resync are stale and dropped.
+//!
+//! The token-processor answers every heartbeat with an acknowledgement of the batches it took
+//! (by sequence number). Acknowledgements silent past the liveness window (`link::liveness`:
+//! a paused, wedged or vanished token-processor) mean a stalled link: we drop the connection,
+//! and with it whatever zeromq still queues for it, and reconnect, so the resync replays what
+//! it missed (finished requests included, until their api-server acknowledges them). An
+//! `AskHello` (it forgot us: declared us dead while we were paused, or restarted) gets a hello
+//! and a resync, at most one per heartbeat interval.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use link::connect::{connect, Connected};
-use link::Backoff;
-use proto::worker_tp::WorkerToTp;
+use link::liveness::PeerClock;
+use link::{Backoff, Liveness, Sweep, Sweeper};
+use proto::worker_tp::{TpToWorker, WorkerToTp};
 use tokio::sync::mpsc::Receiver;
-use zeromq::{PushSocket, SocketEvent, SocketSend, ZmqMessage};
+use zeromq::{
+    DealerRecvHalf, DealerSendHalf, DealerSocket, SocketEvent, SocketRecv, SocketSend, ZmqMessage,
+};
 
 use super::{TpOutbound, WorkerStatus};
 
@@ -26,14 +35,11 @@ pub struct TpLinkConfig {
     pub linger: Duration,
 }
 
-/// Heartbeats between two repeated hellos (see the module doc).
-pub const HELLO_EVERY: u32 = 4;
-
 enum LinkEnd {
     /// The step loop said goodbye (or went away): stop.
     Finished,
-    /// The connection broke: reconnect.
-    Broken,
+    /// The connection broke, or the token-processor stopped acknowledging: reconnect.
+    Broken(&'static str),
 }
 
 /// Runs the link until the step loop's goodbye has been sent (or the step loop is gone).
@@ -56,26 +62,26 @@ pub async fn run_tp_link(
             }
             true
         };
-        let Some(Connected {
-            mut socket,
-            monitor,
-        }) = connect::<PushSocket>(&cfg.endpoint, &mut backoff, keep_trying).await
+        let Some(Connected { socket, monitor }) =
+            connect::<DealerSocket>(&cfg.endpoint, &mut backoff, keep_trying).await
         else {
             return;
         };
-        match serve_connection(&cfg, &status, &mut rx, &mut socket, monitor).await {
+        let (mut send, recv) = socket.split();
+        match serve_connection(&cfg, &status, &mut rx, &mut send, recv, monitor).await {
             LinkEnd::Finished => {
                 tokio::time::sleep(cfg.linger).await;
                 return;
             }
-            LinkEnd::Broken => {
-                tracing::warn!(endpoint = %cfg.endpoint, "token-processor link broken; reconnecting");
+            LinkEnd::Broken(why) => {
+                status.set_tp_link_down();
+                tracing::warn!(endpoint = %cfg.endpoint, why, "token-processor link lost; reconnecting");
             }
         }
     }
 }
 
-async fn send(socket: &mut PushSocket, msg: &WorkerToTp, timeout: Duration) -> bool {
+async fn send(socket: &mut DealerSendHalf, msg: &WorkerToTp, timeout: Duration) -> bool {
     let frame = match proto::encode(msg) {
         Ok(frame) => frame,
         Err(err) => {
@@ -89,24 +95,61 @@ async fn send(socket: &mut PushSocket, msg: &WorkerToTp, timeout: Duration) -> b
     )
 }
 
+/// What one message from the token-processor asks of the link.
+enum Heard {
+    Nothing,
+    /// Say hello and resync.
+    Hello,
+}
+
+/// Applies a message from the token-processor: any message proves it alive.
+fn on_tp_message(frame: &[u8], status: &WorkerStatus, tp: &mut PeerClock, now: Instant) -> Heard {
+    let msg = match proto::decode::<TpToWorker>(frame) {
+        Ok(msg) => msg,
+        Err(e) => {
+            tracing::warn!(error = %e, bytes = frame.len(), "dropping malformed token-processor frame");
+            return Heard::Nothing;
+        }
+    };
+    tp.hello(now);
+    match msg {
+        TpToWorker::Ack { epoch, next_seq } if epoch == status.epoch => {
+            status.set_tp_acked(next_seq);
+            Heard::Nothing
+        }
+        TpToWorker::Ack { .. } => Heard::Nothing,
+        TpToWorker::AskHello => Heard::Hello,
+        TpToWorker::Refused { reason } => {
+            tracing::error!(%reason, "the token-processor refused our hello; it asks again while it does not take us");
+            Heard::Nothing
+        }
+    }
+}
+
 async fn serve_connection(
     cfg: &TpLinkConfig,
     status: &WorkerStatus,
     rx: &mut Receiver<TpOutbound>,
-    socket: &mut PushSocket,
+    socket: &mut DealerSendHalf,
+    mut recv: DealerRecvHalf,
     mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
 ) -> LinkEnd {
     status.request_resync();
     if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
-        return LinkEnd::Broken;
+        return LinkEnd::Broken("hello not sent");
     }
+    let mut last_hello = Instant::now();
     let mut awaiting_resync = true;
     // Heartbeats carry the next seq actually sent on this socket: the step loop's counter also
     // covers batches still queued in `rx`, which would make the TP see a gap that is not one.
     let mut sent_next_seq: Option<u64> = None;
+    let liveness = Liveness::new(cfg.heartbeat_interval);
+    // The connect counts as the token-processor's hello: it has one window to acknowledge.
+    let mut tp = PeerClock::default();
+    tp.hello(last_hello);
+    let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut beats: u32 = 0;
     loop {
         tokio::select! {
             msg = rx.recv() => {
@@ -124,7 +167,7 @@ async fn serve_connection(
                         if !awaiting_resync
                             && !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await
                         {
-                            return LinkEnd::Broken;
+                            return LinkEnd::Broken("hello not sent");
                         }
                         awaiting_resync = false;
                         sent_next_seq = Some(resync.next_seq);
@@ -140,25 +183,45 @@ async fn serve_connection(
                     }
                 };
                 if !send(socket, &wire, cfg.send_timeout).await {
-                    return LinkEnd::Broken;
+                    return LinkEnd::Broken("send timed out");
                 }
             }
             _ = heartbeat.tick() => {
-                beats = beats.wrapping_add(1);
-                if beats.is_multiple_of(HELLO_EVERY)
-                    && !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await
-                {
-                    return LinkEnd::Broken;
+                let now = Instant::now();
+                match sweeper.begin(now) {
+                    Sweep::Judge => {
+                        if tp.expire(liveness, now) {
+                            return LinkEnd::Broken("no acknowledgement within the liveness window");
+                        }
+                    }
+                    Sweep::Forgive { .. } => tp.forgive(now),
                 }
                 let mut beat = status.heartbeat();
                 beat.next_seq = sent_next_seq.unwrap_or(beat.next_seq);
                 if !send(socket, &WorkerToTp::Heartbeat(beat), cfg.send_timeout).await {
-                    return LinkEnd::Broken;
+                    return LinkEnd::Broken("send timed out");
+                }
+            }
+            msg = recv.recv() => {
+                let Ok(msg) = msg else { return LinkEnd::Broken("receive failed") };
+                let now = Instant::now();
+                let mut say_hello = false;
+                for frame in msg.iter() {
+                    say_hello |= matches!(on_tp_message(frame, status, &mut tp, now), Heard::Hello);
+                }
+                if say_hello && now.duration_since(last_hello) >= cfg.heartbeat_interval {
+                    tracing::info!("the token-processor does not know us; hello and resync");
+                    last_hello = now;
+                    status.request_resync();
+                    awaiting_resync = true;
+                    if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
+                        return LinkEnd::Broken("hello not sent");
+                    }
                 }
             }
             event = monitor.next() => {
                 if matches!(event, Some(SocketEvent::Disconnected(_)) | None) {
-                    return LinkEnd::Broken;
+                    return LinkEnd::Broken("disconnected");
                 }
             }
         }

@@ -5,7 +5,7 @@
 //!   receiver ask for a hello (the "Paranoid Pirate" pattern of the ZeroMQ guide); a process
 //!   that was itself paused forgives its peers' silence instead of declaring them dead.
 //! - [`backoff`] and [`connect`]: the reconnect loop (the `zeromq` crate reconnects only SUB
-//!   sockets, so every DEALER and PUSH link owns one), with one backoff policy.
+//!   sockets, so every DEALER link owns one), with one backoff policy.
 //! - [`identity`]: default process ids, unique per host and stable across restarts.
 //! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
 //! - [`service`]: tracing setup, SIGTERM/SIGINT, and systemd's notify socket and watchdog.

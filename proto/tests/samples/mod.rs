@@ -38,6 +38,8 @@ pub fn heartbeat() -> Heartbeat {
         retained: 2,
         retained_bytes: 96,
         retained_evicted: 0,
+        tp_acked_seq: 40,
+        tp_link_up: true,
     }
 }
 
@@ -270,6 +272,20 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
         (
             "worker_to_api_not_held",
             enc(&WorkerToApi::NotHeld { ids: vec![7] }),
+        ),
+        (
+            "tp_to_worker_ack",
+            enc(&TpToWorker::Ack {
+                epoch: 1_764_460_000_123,
+                next_seq: 42,
+            }),
+        ),
+        ("tp_to_worker_ask_hello", enc(&TpToWorker::AskHello)),
+        (
+            "tp_to_worker_refused",
+            enc(&TpToWorker::Refused {
+                reason: "worker id worker-0 is held by another live worker".into(),
+            }),
         ),
         (
             "tp_to_api_refused",

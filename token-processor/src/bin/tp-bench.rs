@@ -25,7 +25,7 @@ use token_processor::ingest::{Ingest, IngestConfig};
 use token_processor::synth::{Synth, SynthConfig};
 use token_processor::tracker::{Clock, Outbox};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use zeromq::{DealerSocket, PushSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 #[derive(Debug, Parser)]
 #[command(about = "Throughput/latency/RSS benchmark of a running token-processor over ipc")]
@@ -202,7 +202,7 @@ fn synth(worker_id: &str, rows: usize, k: u8, min_len: u32, max_len: u32, seed: 
 }
 
 /// What a worker says on connecting: hello, then an empty resync (sequence starts at 0).
-async fn introduce(worker: &mut PushSocket, worker_id: &str, k: u8) -> anyhow::Result<()> {
+async fn introduce(worker: &mut DealerSocket, worker_id: &str, k: u8) -> anyhow::Result<()> {
     push(worker, &hello(worker_id, k)).await?;
     let resync = Resync {
         worker_id: worker_id.into(),
@@ -221,7 +221,7 @@ async fn pace(start: tokio::time::Instant, i: usize, rate: u32) {
     }
 }
 
-async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
+async fn push(worker: &mut DealerSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
     worker.send(ZmqMessage::from(proto::encode(msg)?)).await?;
     Ok(())
 }
@@ -229,10 +229,10 @@ async fn push(worker: &mut PushSocket, msg: &WorkerToTp) -> anyhow::Result<()> {
 /// Waits until the TP has processed `batches` step batches of `worker`, heartbeating every
 /// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent), and says so on
 /// stderr when that takes over a second: about once per ~80 flooded configurations zeromq-rs's
-/// PUSH writer stops writing (docs/benchmarks.md, "A zeromq-rs stall").
+/// writer (then PUSH) stopped writing (docs/benchmarks.md, "A zeromq-rs stall").
 async fn wait_processed(
     port: u16,
-    worker: &mut PushSocket,
+    worker: &mut DealerSocket,
     worker_id: &str,
     sent: usize,
     batches: usize,
@@ -268,6 +268,8 @@ async fn wait_processed(
                 retained: 0,
                 retained_bytes: 0,
                 retained_evicted: 0,
+                tp_acked_seq: 0,
+                tp_link_up: true,
             });
             push(worker, &hb).await?;
             next_heartbeat = Instant::now() + Duration::from_millis(100);
@@ -366,7 +368,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let mut worker = PushSocket::new();
+    let mut worker = DealerSocket::new();
     worker.connect(&ingest_ep).await?;
     let tp_pid = tp.child.id();
     println!(

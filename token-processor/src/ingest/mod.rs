@@ -1,6 +1,9 @@
-//! The ingest loop: a ZeroMQ PULL socket that every engine-worker pushes to, feeding the
+//! The ingest loop: a ZeroMQ ROUTER that every engine-worker connects to, feeding the
 //! [`Ingest`] state machine, checking heartbeat deadlines, and handing each batch's outputs to
-//! the forwarder without ever waiting on it.
+//! the forwarder without ever waiting on it. Replies to workers (acknowledgements, hello
+//! requests) go through a bounded queue to their own task, so a worker that does not read
+//! cannot stall ingest: past the queue, replies are dropped (each is repeated by the next
+//! heartbeat's).
 
 mod state;
 #[cfg(test)]
@@ -12,11 +15,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use link::service::Watchdog;
 use link::{Liveness, Sweep, Sweeper};
-use proto::worker_tp::WorkerToTp;
+use proto::worker_tp::{TpToWorker, WorkerToTp};
 use tokio::sync::{mpsc, watch};
-use zeromq::{PullSocket, SocketRecv};
+use zeromq::{RouterSendHalf, RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::metrics;
 use crate::tracker::{Clock, Outbox};
@@ -92,7 +96,7 @@ pub struct IngestIo {
 
 /// Runs until `shutdown` turns true (or its sender is dropped), then returns, dropping
 /// `forward` so the forwarder drains and stops.
-pub async fn run(mut pull: PullSocket, mut ingest: Ingest, io: IngestIo) -> Ingest {
+pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Ingest {
     let IngestIo {
         forward,
         health,
@@ -101,6 +105,9 @@ pub async fn run(mut pull: PullSocket, mut ingest: Ingest, io: IngestIo) -> Inge
         mut watchdog,
     } = io;
     let origin = health.origin;
+    let (send_half, mut recv) = router.split();
+    let (replies, reply_rx) = mpsc::channel(REPLY_QUEUE);
+    let reply_task = tokio::spawn(send_replies(send_half, reply_rx));
     let mut out = Outbox::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -123,13 +130,19 @@ pub async fn run(mut pull: PullSocket, mut ingest: Ingest, io: IngestIo) -> Inge
                 }
                 watchdog.feed(now);
             }
-            msg = pull.recv() => {
+            msg = recv.recv() => {
                 let received = Instant::now();
                 match msg {
                     Ok(msg) => {
-                        for frame in msg.iter() {
-                            match proto::decode::<WorkerToTp>(frame) {
-                                Ok(decoded) => ingest.handle(decoded, clock(origin), received, &mut out),
+                        let mut frames = msg.into_vec().into_iter();
+                        let Some(routing_id) = frames.next() else { continue };
+                        for frame in frames {
+                            match proto::decode::<WorkerToTp>(&frame) {
+                                Ok(decoded) => {
+                                    if let Some(reply) = ingest.handle(decoded, clock(origin), received, &mut out) {
+                                        queue_reply(&replies, &routing_id, &reply);
+                                    }
+                                }
                                 Err(e) => {
                                     metrics::malformed_frame();
                                     tracing::warn!(error = %e, bytes = frame.len(), "dropping malformed ingest frame");
@@ -158,7 +171,40 @@ pub async fn run(mut pull: PullSocket, mut ingest: Ingest, io: IngestIo) -> Inge
     if !out.is_empty() {
         let _ = forward.send(out.take()).await;
     }
+    reply_task.abort();
     ingest
+}
+
+/// Replies queued for workers; past this they are dropped (acknowledgements repeat with every
+/// heartbeat, hello requests with every message of an unknown worker).
+pub const REPLY_QUEUE: usize = 1024;
+
+/// Longest wait for one worker's send queue.
+pub const REPLY_SEND_TIMEOUT: Duration = Duration::from_millis(200);
+
+fn queue_reply(replies: &mpsc::Sender<ZmqMessage>, routing_id: &Bytes, reply: &TpToWorker) {
+    let frame = match proto::encode(reply) {
+        Ok(frame) => frame,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode a reply to a worker");
+            return;
+        }
+    };
+    let mut msg = ZmqMessage::from(frame);
+    msg.push_front(routing_id.clone());
+    if replies.try_send(msg).is_err() {
+        tracing::debug!("worker reply queue full; dropping a reply");
+    }
+}
+
+async fn send_replies(mut send: RouterSendHalf, mut replies: mpsc::Receiver<ZmqMessage>) {
+    while let Some(msg) = replies.recv().await {
+        match tokio::time::timeout(REPLY_SEND_TIMEOUT, send.send(msg)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "reply to a worker failed"),
+            Err(_) => tracing::debug!("worker send queue full; dropping a reply"),
+        }
+    }
 }
 
 /// Tells the forwarder which workers are alive when that changed.

@@ -10,10 +10,13 @@
 //!   heartbeat's `next_seq` beyond ours is a gap too (the last batch was lost).
 //! - A resync is authoritative: the worker's view replaces ours and `next_seq` is taken from it.
 //! - A new epoch, a goodbye, or silence past the liveness window (`link::liveness`) fail the old
-//!   epoch's requests with `WorkerLost` and forget the worker. A worker that only stalled (same
-//!   epoch speaks again after its deadline) is re-admitted with an empty table. The worker link
-//!   is one-way (PUSH), so the token-processor cannot ask for a hello; the worker re-sends its
-//!   hello every few heartbeats instead, and a hello of a known epoch is idempotent.
+//!   epoch's requests with `WorkerLost` and forget the worker.
+//! - Each message gets at most one reply ([`TpToWorker`]) on its connection: a heartbeat or
+//!   resync of a worker we take is acknowledged with the `next_seq` we expect (every batch
+//!   below it was taken); anything from a (worker, epoch) we do not take — never said hello,
+//!   declared dead, or we restarted — is answered with `AskHello` (`link::liveness` rule 2), and
+//!   the worker's hello and resync rebuild its requests. A hello of a known epoch is idempotent;
+//!   a refused hello is answered with the reason.
 //! - When the token-processor itself was paused, [`Ingest::forgive`] restarts every worker's
 //!   clock instead of [`Ingest::tick`] declaring them all dead.
 //! - Every batch is validated against the worker's K first; an invalid one is counted, dropped,
@@ -25,7 +28,7 @@ use std::time::{Duration, Instant};
 use link::Liveness;
 
 use proto::tp_api::OutputErrorKind;
-use proto::worker_tp::{Heartbeat, Resync, StepBatch, WorkerHello, WorkerToTp};
+use proto::worker_tp::{Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp};
 use proto::{RequestId, SpeculateMetrics};
 
 use crate::metrics::{self, WorkerMetrics};
@@ -111,9 +114,6 @@ pub struct Ingest {
     /// Per worker id, the figures of every verification step seen since start (what the spec's
     /// counters hold). One entry per worker id ever seen, like the Prometheus series.
     totals: HashMap<String, Figures>,
-    /// Hellos of workers declared dead for missed heartbeats: if the same epoch speaks again
-    /// (it was only stalled, so it will not reconnect and say hello), it is re-admitted.
-    timed_out: HashMap<String, WorkerHello>,
     stats: IngestStats,
 }
 
@@ -153,18 +153,33 @@ impl Ingest {
         self.workers.get(worker_id)?.tracker.speculate_metrics(id)
     }
 
-    /// Applies one message. `received` is when its frame arrived (for the processing-time
-    /// histogram); outputs go to `out`.
-    pub fn handle(&mut self, msg: WorkerToTp, now: Clock, received: Instant, out: &mut Outbox) {
+    /// Applies one message and returns the reply for its sender, if any. `received` is when
+    /// its frame arrived (for the processing-time histogram); outputs go to `out`.
+    pub fn handle(
+        &mut self,
+        msg: WorkerToTp,
+        now: Clock,
+        received: Instant,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
         match msg {
             WorkerToTp::Hello(hello) => self.on_hello(hello, now, out),
             WorkerToTp::Step(batch) => self.on_step(&batch, now, received, out),
             WorkerToTp::Heartbeat(hb) => self.on_heartbeat(&hb, now, out),
             WorkerToTp::Resync(resync) => self.on_resync(&resync, now, out),
             WorkerToTp::Goodbye { worker_id, epoch } => {
-                self.on_goodbye(&worker_id, epoch, now, out)
+                self.on_goodbye(&worker_id, epoch, now, out);
+                None
             }
         }
+    }
+
+    /// The reply to a batch or resync from a worker we do not take: counted, and the sender is
+    /// asked for its hello.
+    fn unknown_sender(stats: &mut IngestStats) -> Option<TpToWorker> {
+        stats.unknown_worker_batches += 1;
+        metrics::unknown_worker_batch();
+        Some(TpToWorker::AskHello)
     }
 
     /// Workers alive now, by id (what the api-servers may route to).
@@ -191,12 +206,6 @@ impl Ingest {
             .collect();
         for worker_id in dead {
             tracing::warn!(worker = %worker_id, "worker missed its heartbeats; failing its requests");
-            if self.timed_out.len() < self.config.max_workers {
-                if let Some(entry) = self.workers.get(&worker_id) {
-                    self.timed_out
-                        .insert(worker_id.clone(), entry.hello.clone());
-                }
-            }
             self.end_worker(
                 &worker_id,
                 "the worker stopped sending heartbeats",
@@ -206,45 +215,57 @@ impl Ingest {
         }
     }
 
-    fn on_hello(&mut self, hello: WorkerHello, now: Clock, out: &mut Outbox) {
+    fn on_hello(&mut self, hello: WorkerHello, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
+        let refused = |stats: &mut IngestStats, reason: String| {
+            stats.refused_hellos += 1;
+            Some(TpToWorker::Refused { reason })
+        };
         if let Err(e) = proto::check_version(&hello.worker_id, hello.protocol_version) {
             tracing::warn!(worker = %hello.worker_id, error = %e, "refusing worker hello");
-            self.stats.refused_hellos += 1;
-            return;
+            return refused(&mut self.stats, e.to_string());
         }
         if hello.num_spec_tokens > MAX_SPEC_TOKENS {
             tracing::warn!(worker = %hello.worker_id, k = hello.num_spec_tokens, max = MAX_SPEC_TOKENS, "refusing worker hello: K too large");
-            self.stats.refused_hellos += 1;
-            return;
+            let reason = format!(
+                "num_spec_tokens {} exceeds the token-processor's limit {MAX_SPEC_TOKENS}",
+                hello.num_spec_tokens
+            );
+            return refused(&mut self.stats, reason);
         }
         if let Some(entry) = self.workers.get_mut(&hello.worker_id) {
             if entry.hello.epoch == hello.epoch {
                 // A reconnect of the same process: keep its state (a resync follows).
                 entry.last_heard_ns = now.mono_ns;
                 entry.hello.ready = hello.ready;
-                return;
+                return None;
             }
             if !entry.is_silent(now) {
                 // Another process with the same id while the first still speaks: two workers
                 // would mix their batches. A restarted worker gets in once the old epoch's
-                // silence passes the window (its hello repeats).
+                // silence passes the window (we keep asking for its hello).
                 tracing::error!(worker = %hello.worker_id, live_epoch = entry.hello.epoch, refused_epoch = hello.epoch, "hello refused: another live worker holds this id");
-                self.stats.refused_hellos += 1;
                 self.stats.duplicate_ids += 1;
                 metrics::duplicate_id_refused();
-                return;
+                let reason = format!(
+                    "worker id {} is held by another live worker; give each worker its own --worker-id",
+                    hello.worker_id
+                );
+                return refused(&mut self.stats, reason);
             }
             tracing::warn!(worker = %hello.worker_id, old_epoch = entry.hello.epoch, new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");
             let worker_id = hello.worker_id.clone();
             self.end_worker(&worker_id, "the worker restarted (new epoch)", now, out);
         } else if self.workers.len() >= self.config.max_workers {
             tracing::warn!(worker = %hello.worker_id, max = self.config.max_workers, "refusing worker hello: too many workers");
-            self.stats.refused_hellos += 1;
-            return;
+            let reason = format!(
+                "the token-processor takes at most {} workers",
+                self.config.max_workers
+            );
+            return refused(&mut self.stats, reason);
         }
         tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, "worker said hello");
-        self.timed_out.remove(&hello.worker_id);
         self.admit(hello, now);
+        None
     }
 
     fn admit(&mut self, hello: WorkerHello, now: Clock) {
@@ -259,23 +280,6 @@ impl Ingest {
         };
         self.workers.insert(entry.hello.worker_id.clone(), entry);
         metrics::set_workers_connected(self.workers.len());
-    }
-
-    /// Re-admits a worker declared dead for missed heartbeats when its same epoch speaks again.
-    /// Its old requests were already failed; new ones are tracked from here on.
-    fn readmit(&mut self, worker_id: &str, epoch: u64, now: Clock) {
-        if self.workers.contains_key(worker_id)
-            || self
-                .timed_out
-                .get(worker_id)
-                .is_none_or(|h| h.epoch != epoch)
-        {
-            return;
-        }
-        if let Some(hello) = self.timed_out.remove(worker_id) {
-            tracing::info!(worker = %worker_id, epoch, "worker that missed its heartbeats is back; re-admitting it");
-            self.admit(hello, now);
-        }
     }
 
     /// The live entry of (worker, epoch), or None (counted as stale) for another epoch. Takes the
@@ -295,28 +299,31 @@ impl Ingest {
         Some(entry)
     }
 
-    fn on_step(&mut self, batch: &StepBatch, now: Clock, received: Instant, out: &mut Outbox) {
-        self.readmit(&batch.worker_id, batch.epoch, now);
-        if !self.workers.contains_key(&batch.worker_id) {
-            self.stats.unknown_worker_batches += 1;
-            metrics::unknown_worker_batch();
-            return;
-        }
+    fn on_step(
+        &mut self,
+        batch: &StepBatch,
+        now: Clock,
+        received: Instant,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
         let Self {
             workers,
             totals,
             stats,
             ..
         } = self;
+        if !workers.contains_key(&batch.worker_id) {
+            return Self::unknown_sender(stats);
+        }
         let Some(entry) = Self::current(workers, stats, &batch.worker_id, batch.epoch) else {
-            return;
+            return Some(TpToWorker::AskHello);
         };
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
             Some(next) if batch.seq < next => {
                 stats.stale += 1;
                 entry.metrics.stale.increment(1);
-                return;
+                return None;
             }
             Some(next) if batch.seq > next => {
                 stats.gaps += 1;
@@ -351,18 +358,21 @@ impl Ingest {
             .metrics
             .batch_processing
             .record(received.elapsed().as_secs_f64());
+        None
     }
 
-    fn on_heartbeat(&mut self, hb: &Heartbeat, now: Clock, out: &mut Outbox) {
-        self.readmit(&hb.worker_id, hb.epoch, now);
+    fn on_heartbeat(&mut self, hb: &Heartbeat, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
         let Self {
             workers,
             totals,
             stats,
             ..
         } = self;
+        if !workers.contains_key(&hb.worker_id) {
+            return Some(TpToWorker::AskHello);
+        }
         let Some(entry) = Self::current(workers, stats, &hb.worker_id, hb.epoch) else {
-            return;
+            return Some(TpToWorker::AskHello);
         };
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
@@ -381,10 +391,13 @@ impl Ingest {
             None => entry.next_seq = Some(hb.next_seq),
             _ => {}
         }
+        Some(TpToWorker::Ack {
+            epoch: hb.epoch,
+            next_seq: entry.next_seq.unwrap_or(hb.next_seq),
+        })
     }
 
-    fn on_resync(&mut self, resync: &Resync, now: Clock, out: &mut Outbox) {
-        self.readmit(&resync.worker_id, resync.epoch, now);
+    fn on_resync(&mut self, resync: &Resync, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
         let Self {
             workers,
             totals,
@@ -392,12 +405,10 @@ impl Ingest {
             ..
         } = self;
         if !workers.contains_key(&resync.worker_id) {
-            stats.unknown_worker_batches += 1;
-            metrics::unknown_worker_batch();
-            return;
+            return Self::unknown_sender(stats);
         }
         let Some(entry) = Self::current(workers, stats, &resync.worker_id, resync.epoch) else {
-            return;
+            return Some(TpToWorker::AskHello);
         };
         stats.resyncs += 1;
         entry.metrics.resyncs.increment(1);
@@ -408,6 +419,10 @@ impl Ingest {
             .resync(&resync.requests, now, out, &mut entry.obs);
         entry.next_seq = Some(resync.next_seq);
         entry.flush(totals);
+        Some(TpToWorker::Ack {
+            epoch: resync.epoch,
+            next_seq: resync.next_seq,
+        })
     }
 
     fn on_goodbye(&mut self, worker_id: &str, epoch: u64, now: Clock, out: &mut Outbox) {

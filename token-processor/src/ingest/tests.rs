@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use proto::tp_api::{OutputErrorKind, RequestOutput};
 use proto::worker_tp::{
-    Heartbeat, RequestStart, Resync, ResyncRequest, StepBatch, StepRow, WorkerHello, WorkerToTp,
+    Heartbeat, RequestStart, Resync, ResyncRequest, StepBatch, StepRow, TpToWorker, WorkerHello,
+    WorkerToTp,
 };
 use proto::{FinishReason, RequestId};
 
@@ -159,6 +160,8 @@ fn a_heartbeat_past_our_sequence_is_a_gap() {
         retained: 0,
         retained_bytes: 0,
         retained_evicted: 0,
+        tp_acked_seq: 0,
+        tp_link_up: true,
     };
     let out = feed(&mut ingest, WorkerToTp::Heartbeat(hb.clone()), 3);
     assert_eq!(ingest.stats().gaps, 1);
@@ -478,31 +481,99 @@ fn a_wrong_protocol_version_is_refused() {
     assert_eq!(ingest.stats().refused_hellos, 1);
 }
 
+fn reply(ingest: &mut Ingest, msg: WorkerToTp, ms: u64) -> Option<TpToWorker> {
+    ingest.handle(msg, at(ms), Instant::now(), &mut Outbox::default())
+}
+
+fn heartbeat_of(epoch: u64, next_seq: u64) -> WorkerToTp {
+    WorkerToTp::Heartbeat(Heartbeat {
+        worker_id: W.into(),
+        epoch,
+        next_seq,
+        running: 0,
+        waiting: 0,
+        accepting: true,
+        retained: 0,
+        retained_bytes: 0,
+        retained_evicted: 0,
+        tp_acked_seq: 0,
+        tp_link_up: true,
+    })
+}
+
 #[test]
-fn a_stalled_worker_that_speaks_again_is_readmitted() {
+fn a_stalled_worker_that_speaks_again_is_asked_for_its_hello_and_resyncs() {
     let mut ingest = Ingest::new(IngestConfig::default());
     started(&mut ingest);
     let mut out = Outbox::default();
     ingest.tick(at(1_000), &mut out);
     assert_eq!(ingest.live_workers(), 0);
     assert_eq!(out.drain_outputs().count(), 2);
-    // Same epoch, no new hello: its next batch brings it back; old rows are unknown, new
-    // requests are tracked.
-    let out = feed(
-        &mut ingest,
-        B::new(1, 2).verify(1, 4, 1, None).start(7, "api-a").msg(),
-        1_001,
+    // Same epoch, no new hello: neither its batch nor its heartbeat is taken, both ask hello.
+    let batch = B::new(1, 2).verify(1, 4, 1, None).start(7, "api-a").msg();
+    assert_eq!(reply(&mut ingest, batch, 1_001), Some(TpToWorker::AskHello));
+    assert_eq!(
+        reply(&mut ingest, heartbeat_of(1, 3), 1_002),
+        Some(TpToWorker::AskHello)
     );
-    assert_eq!(ingest.live_workers(), 1);
-    assert_eq!(out.len(), 1);
+    assert_eq!(ingest.live_workers(), 0);
+    assert_eq!(
+        ingest.stats().unknown_worker_batches,
+        1,
+        "heartbeats are not batches"
+    );
+    // Its hello and resync bring it back with the requests it still runs.
+    assert_eq!(reply(&mut ingest, hello(1, 4), 1_003), None);
+    let running = ResyncRequest {
+        finish: 0,
+        ..finished_request(7, "api-a", vec![5], &[])
+    };
+    let resync = resync_of(3, vec![running]);
+    assert_eq!(
+        reply(&mut ingest, resync, 1_004),
+        Some(TpToWorker::Ack {
+            epoch: 1,
+            next_seq: 3
+        })
+    );
     assert!(ingest.worker(W).unwrap().tracker.contains(7));
     assert!(!ingest.worker(W).unwrap().tracker.contains(1));
-    // Another epoch is not re-admitted without its hello.
+}
+
+#[test]
+fn heartbeats_are_acknowledged_with_the_next_expected_batch() {
     let mut ingest = Ingest::new(IngestConfig::default());
-    started(&mut ingest);
-    ingest.tick(at(1_000), &mut Outbox::default());
-    feed(&mut ingest, B::new(2, 0).start(8, "api-a").msg(), 1_001);
-    assert_eq!(ingest.live_workers(), 0);
+    // Before its hello a worker is asked for one.
+    assert_eq!(
+        reply(&mut ingest, heartbeat_of(1, 0), 0),
+        Some(TpToWorker::AskHello)
+    );
+    assert_eq!(reply(&mut ingest, hello(1, 4), 1), None);
+    let ack = |next_seq| Some(TpToWorker::Ack { epoch: 1, next_seq });
+    assert_eq!(reply(&mut ingest, heartbeat_of(1, 0), 2), ack(0));
+    assert_eq!(
+        reply(&mut ingest, B::new(1, 0).start(1, "api-a").msg(), 3),
+        None
+    );
+    assert_eq!(
+        reply(&mut ingest, B::new(1, 1).verify(1, 4, 2, None).msg(), 4),
+        None
+    );
+    assert_eq!(reply(&mut ingest, heartbeat_of(1, 2), 5), ack(2));
+    // Another epoch under the same id is not taken while this one lives: asked for its hello.
+    assert_eq!(
+        reply(&mut ingest, heartbeat_of(2, 0), 6),
+        Some(TpToWorker::AskHello)
+    );
+    // A refused hello says why.
+    let Some(TpToWorker::Refused { reason }) = reply(&mut ingest, hello(2, 4), 7) else {
+        panic!("a second live epoch must be refused");
+    };
+    assert!(reason.contains("held by another live worker"), "{reason}");
+    let Some(TpToWorker::Refused { reason }) = reply(&mut ingest, hello(3, 65), 8) else {
+        panic!("K above the limit must be refused");
+    };
+    assert!(reason.contains("65"), "{reason}");
 }
 
 fn resync_of(seq: u64, requests: Vec<ResyncRequest>) -> WorkerToTp {
