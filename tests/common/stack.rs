@@ -26,6 +26,9 @@ impl Proc {
     }
 }
 
+/// The stack's ZeroMQ endpoints: the token-processor's two, the worker's.
+pub const ZMQ_ENDPOINTS: [&str; 3] = ["tp-ingest", "tp-api", "worker-0"];
+
 pub struct StackConfig {
     pub num_spec_tokens: u32,
     /// The worker's `--spec-policy`: `goodput` (the product's default) or `fixed`, for tests
@@ -35,6 +38,8 @@ pub struct StackConfig {
     pub worker_args: Vec<String>,
     pub api_args: Vec<String>,
     pub tp_args: Vec<String>,
+    /// ZeroMQ over tcp on loopback (free ports) instead of ipc in the stack's directory.
+    pub tcp: bool,
 }
 
 impl Default for StackConfig {
@@ -45,6 +50,7 @@ impl Default for StackConfig {
             worker_args: vec![],
             api_args: vec![],
             tp_args: vec![],
+            tcp: false,
         }
     }
 }
@@ -54,6 +60,8 @@ pub struct Stack {
     pub api_port: u16,
     pub metrics_port: u16,
     config: StackConfig,
+    /// With `tcp`: the port of each ZeroMQ endpoint, by name.
+    tcp_ports: Vec<(&'static str, u16)>,
     children: [Option<Child>; 3],
     http: reqwest::Client,
 }
@@ -67,11 +75,19 @@ impl Stack {
             free_port()
         ));
         std::fs::create_dir_all(&dir).unwrap();
+        let tcp_ports = match config.tcp {
+            true => ZMQ_ENDPOINTS
+                .iter()
+                .map(|&name| (name, free_port()))
+                .collect(),
+            false => Vec::new(),
+        };
         let mut stack = Stack {
             dir,
             api_port: free_port(),
             metrics_port: free_port(),
             config,
+            tcp_ports,
             children: [None, None, None],
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -86,7 +102,10 @@ impl Stack {
     }
 
     pub fn endpoint(&self, name: &str) -> String {
-        format!("ipc://{}/{name}.sock", self.dir.display())
+        match self.tcp_ports.iter().find(|(n, _)| *n == name) {
+            Some((_, port)) => format!("tcp://127.0.0.1:{port}"),
+            None => format!("ipc://{}/{name}.sock", self.dir.display()),
+        }
     }
 
     fn index(p: Proc) -> usize {
@@ -140,6 +159,19 @@ impl Stack {
             .as_ref()
             .expect("process not running")
             .id()
+    }
+
+    /// The process is alive (not exited: an exited child stays a zombie until it is waited on).
+    pub fn is_running(&self, p: Proc) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid(p)));
+        // Field 3, after the parenthesised command name, is the state.
+        stat.ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|rest| rest.trim_start().to_owned())
+            })
+            .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
     }
 
     /// Sends a signal (e.g. "KILL", "TERM", "STOP", "CONT") to one process.

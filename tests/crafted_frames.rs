@@ -1,0 +1,103 @@
+//! A stranger on a ZeroMQ tcp endpoint: a valid ZMTP greeting followed by a frame header that
+//! declares an absurd length (up to 2^64 − 1), and one that starts an endless multipart
+//! message. Unpatched, zeromq 0.7.0 reserved the declared length and aborted the process; with
+//! the bound in `vendor/zeromq` (PATCH.md) the connection is dropped. Every process must be
+//! alive and serving afterwards, on every endpoint.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::openai::{complete, completion_body};
+use common::stack::{Proc, Stack, StackConfig, ZMQ_ENDPOINTS};
+
+/// ZMTP 3.0 greeting, NULL mechanism, as a DEALER would send it (64 bytes).
+fn greeting() -> Vec<u8> {
+    let mut g = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0];
+    let mut mechanism = b"NULL".to_vec();
+    mechanism.resize(20, 0);
+    g.extend(mechanism);
+    g.push(0); // as-server
+    g.resize(64, 0);
+    g
+}
+
+/// What a stranger sends after the greeting.
+fn attacks() -> Vec<(&'static str, Vec<u8>)> {
+    let long = |len: u64| {
+        let mut v = vec![0x02]; // long message frame
+        v.extend(len.to_be_bytes());
+        v
+    };
+    let mut endless = Vec::new();
+    for _ in 0..100_000 {
+        endless.extend([0x01, 0x00]); // empty frame, more to come
+    }
+    vec![
+        ("2^64-1", long(u64::MAX)),
+        ("2^63-1", long(i64::MAX as u64)),
+        ("8 GiB", long(8 << 30)),
+        ("command 2^62", {
+            let mut v = vec![0x06];
+            v.extend((1u64 << 62).to_be_bytes());
+            v
+        }),
+        ("100k empty frames", endless),
+    ]
+}
+
+/// Sends the greeting and the attack, then reads until the peer drops us (or 5 s pass).
+fn attack(addr: &str, payload: &[u8]) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(&greeting());
+    let _ = s.write_all(payload);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
+    let stack = Stack::start(StackConfig {
+        tcp: true,
+        ..StackConfig::default()
+    })
+    .await;
+    let url = stack.api("/v1/completions");
+    let body = completion_body("Count to five:", 8, false);
+    let (status, _) = complete(stack.client(), &url, &body).await;
+    assert_eq!(status, 200);
+    for name in ZMQ_ENDPOINTS {
+        let addr = stack
+            .endpoint(name)
+            .trim_start_matches("tcp://")
+            .to_string();
+        for (what, payload) in attacks() {
+            let addr = addr.clone();
+            tokio::task::spawn_blocking(move || attack(&addr, &payload))
+                .await
+                .unwrap();
+            for p in Proc::ALL {
+                assert!(
+                    stack.is_running(p),
+                    "{p:?} died after {what} on {name}:\n{}",
+                    stack.log(p)
+                );
+            }
+        }
+        // Still serving: the stack as a whole, through every link.
+        stack.wait_healthy(Duration::from_secs(30)).await;
+        let (status, v) = complete(stack.client(), &url, &body).await;
+        assert_eq!(status, 200, "after the attacks on {name}: {v}");
+        eprintln!(
+            "{name}: {} crafted connections dropped, every process serving",
+            attacks().len()
+        );
+    }
+}
