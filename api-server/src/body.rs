@@ -1,12 +1,68 @@
-//! Reading a JSON request body safely: size cap (413 before reading past it), nesting cap,
-//! syntax (400), must be an object (400), then the typed schema (422).
+//! Reading a JSON request body safely: size cap (413 before reading past it), a read deadline
+//! (408 for a client that trickles its body), nesting cap, syntax (400), must be an object
+//! (400), then the typed schema (422). A large body is read, parsed and later tokenized under
+//! one of a few permits and off the async runtime ([`BodyLimits::run`]): a burst of 4 MiB bodies
+//! costs a bounded amount of memory and never stalls the runtime threads that serve everyone
+//! else (and answer the peers' heartbeats).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
+
+/// Bodies above this many bytes (or of unknown length) are heavy: read and handled under a
+/// permit, parsed and tokenized on the blocking pool. Real chat requests are far smaller.
+pub const HEAVY_BODY_BYTES: usize = 64 * 1024;
+
+/// How request bodies are read.
+#[derive(Debug, Clone)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    /// The whole body must arrive within this.
+    pub read_timeout: Duration,
+    /// Heavy bodies handled at once.
+    heavy: Arc<Semaphore>,
+}
+
+impl BodyLimits {
+    /// `heavy_at_once`: heavy bodies read, parsed or tokenized at the same time (at least 1).
+    pub fn new(max_bytes: usize, read_timeout: Duration, heavy_at_once: usize) -> Self {
+        Self {
+            max_bytes,
+            read_timeout,
+            heavy: Arc::new(Semaphore::new(heavy_at_once.max(1))),
+        }
+    }
+
+    /// Runs CPU-bound request work: inline for a light body, else under a permit on the
+    /// blocking pool.
+    pub async fn run<T, F>(&self, heavy: bool, work: F) -> Result<T, ApiError>
+    where
+        F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
+        if !heavy {
+            return work();
+        }
+        let _permit = self.heavy.acquire().await.map_err(|_| ApiError::Internal)?;
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|_| ApiError::Internal)?
+    }
+}
+
+/// A parsed body, and whether it was heavy (its later work goes through [`BodyLimits::run`]).
+#[derive(Debug)]
+pub struct Parsed<T> {
+    pub value: T,
+    pub heavy: bool,
+}
 
 /// Deepest `[`/`{` nesting accepted; real requests need a handful.
 pub const MAX_JSON_DEPTH: usize = 32;
@@ -40,11 +96,12 @@ pub fn json_depth(bytes: &[u8]) -> usize {
 }
 
 /// Reads and parses the body as `T`.
-pub async fn read_json<T: DeserializeOwned>(
+pub async fn read_json<T: DeserializeOwned + Send + 'static>(
     headers: &HeaderMap,
     body: Body,
-    limit: usize,
-) -> Result<T, ApiError> {
+    limits: &BodyLimits,
+) -> Result<Parsed<T>, ApiError> {
+    let limit = limits.max_bytes;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -52,16 +109,42 @@ pub async fn read_json<T: DeserializeOwned>(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
     }
+    let heavy = declared.is_none_or(|len| len > HEAVY_BODY_BYTES as u64);
+    let _permit = match heavy {
+        true => Some(
+            limits
+                .heavy
+                .acquire()
+                .await
+                .map_err(|_| ApiError::Internal)?,
+        ),
+        false => None,
+    };
     // Stops reading as soon as the cap is passed (chunked bodies have no declared length).
-    let bytes = axum::body::to_bytes(body, limit)
+    let bytes = tokio::time::timeout(limits.read_timeout, axum::body::to_bytes(body, limit))
         .await
+        .map_err(|_| ApiError::BodyTimeout {
+            secs: limits.read_timeout.as_secs(),
+        })?
         .map_err(|_| ApiError::BodyTooLarge { limit })?;
-    if json_depth(&bytes) > MAX_JSON_DEPTH {
+    let heavy = bytes.len() > HEAVY_BODY_BYTES;
+    let value = if heavy {
+        tokio::task::spawn_blocking(move || parse(&bytes))
+            .await
+            .map_err(|_| ApiError::Internal)??
+    } else {
+        parse(&bytes)?
+    };
+    Ok(Parsed { value, heavy })
+}
+
+fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if json_depth(bytes) > MAX_JSON_DEPTH {
         return Err(ApiError::InvalidJson {
             message: format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         });
     }
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::InvalidJson {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidJson {
         message: format!("invalid JSON: {e}"),
     })?;
     if !value.is_object() {

@@ -35,6 +35,8 @@ pub enum ApiError {
     RouteNotFound { method: String, path: String },
     #[error("request body exceeds {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("the request body did not arrive within {secs} s")]
+    BodyTimeout { secs: u64 },
     #[error("{message}")]
     Overloaded { message: String },
     /// No engine can take the request now, or its engine went away while it ran.
@@ -83,6 +85,7 @@ impl ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } | Self::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal | Self::ModelLoad { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -110,6 +113,7 @@ impl ApiError {
             ),
             Self::RouteNotFound { .. } => ("invalid_request_error", Some("unknown_url"), None),
             Self::BodyTooLarge { .. } => ("invalid_request_error", Some("body_too_large"), None),
+            Self::BodyTimeout { .. } => ("invalid_request_error", Some("body_timeout"), None),
             Self::Overloaded { .. } => ("rate_limit_error", Some("overloaded"), None),
             Self::Unavailable { .. } => ("server_error", Some("engine_unavailable"), None),
             Self::Timeout { .. } => ("server_error", Some("request_timeout"), None),

@@ -9,6 +9,7 @@ use proto::api_worker::RejectReason;
 use proto::SpeculateMetrics;
 use tokio::time::Instant;
 
+use crate::engine::admission::Admitted;
 use crate::engine::client::SubmitRequest;
 use crate::engine::{EngineClient, EngineEvent, EngineFailure, RequestHandle};
 use crate::error::ApiError;
@@ -48,6 +49,8 @@ pub struct ChoiceRun {
     deadline: Instant,
     timeout_secs: u64,
     ended: bool,
+    /// Its place under the admission bound, given back when the choice is dropped.
+    _admitted: Option<Admitted>,
 }
 
 fn failure_error(failure: EngineFailure) -> ApiError {
@@ -63,15 +66,18 @@ fn failure_error(failure: EngineFailure) -> ApiError {
     }
 }
 
-/// Submits every choice of `spec`; on any failure the ones already submitted are aborted.
-pub fn start_choices(
+/// Admits every choice of `spec` (a 429 when the server stays full past the admission wait),
+/// then submits them; on any failure the ones already submitted are aborted.
+pub async fn start_choices(
     engine: &EngineClient,
     tokenizer: &Arc<Tokenizer>,
     spec: &GenerateSpec,
     timeout: Duration,
 ) -> Result<Vec<ChoiceRun>, ApiError> {
     let deadline = Instant::now() + timeout;
-    let mut runs = Vec::with_capacity(spec.prompts.len() * spec.n as usize);
+    let sequences = spec.prompts.len() * spec.n as usize;
+    let mut admitted = engine.admit(sequences).await?;
+    let mut runs = Vec::with_capacity(sequences);
     for (p, prompt) in spec.prompts.iter().enumerate() {
         for j in 0..spec.n {
             let mut sampling = spec.sampling.clone();
@@ -94,6 +100,7 @@ pub fn start_choices(
                 deadline,
                 timeout_secs: timeout.as_secs(),
                 ended: false,
+                _admitted: admitted.pop(),
             });
         }
     }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use api_server::auth::ApiKey;
+use api_server::body::BodyLimits;
+use api_server::engine::admission::AdmissionBound;
 use api_server::engine::{EngineClient, EngineConfig};
 use api_server::memory::IdleTrim;
 use api_server::model::ModelAssets;
@@ -41,14 +43,14 @@ struct Args {
         long,
         env = "SPECULA_WORKER_ENDPOINTS",
         value_delimiter = ',',
-        default_value = "tcp://127.0.0.1:5555"
+        default_values_t = [link::ipc::default_endpoint("worker-0")]
     )]
     worker_endpoints: Vec<String>,
     /// The token-processor's endpoint for api-servers (its ROUTER socket).
     #[arg(
         long,
         env = "SPECULA_TP_ENDPOINT",
-        default_value = "tcp://127.0.0.1:5557"
+        default_value_t = link::ipc::default_endpoint("tp-api")
     )]
     tp_endpoint: String,
     /// Require `Authorization: Bearer <key>` on every route but /health.
@@ -81,6 +83,18 @@ struct Args {
     /// process's file-descriptor limit (the systemd unit sets LimitNOFILE=65536).
     #[arg(long, env = "SPECULA_MAX_CONNECTIONS", default_value_t = 16_384)]
     max_connections: usize,
+    /// Engine sequences (prompts × n of every request) admitted at once; past it a request
+    /// waits `--admission-wait-ms`, then gets a 429. 0: four times what the live workers' KV
+    /// caches hold at full context, as they report it.
+    #[arg(long, env = "SPECULA_MAX_SEQUENCES_IN_FLIGHT", default_value_t = 0)]
+    max_sequences_in_flight: usize,
+    /// How long a request may wait for room under the admission bound before its 429.
+    #[arg(long, env = "SPECULA_ADMISSION_WAIT_MS", default_value_t = 500)]
+    admission_wait_ms: u64,
+    /// A request's body must arrive within this many seconds of its headers (a client that
+    /// trickles its body cannot hold a connection and a handler); past it a 408.
+    #[arg(long, env = "SPECULA_HTTP_BODY_TIMEOUT_SECS", default_value_t = 30)]
+    http_body_timeout_secs: u64,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "SPECULA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -135,6 +149,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     engine_config.liveness = args.service.liveness();
     engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
     engine_config.tp_outage_window = Duration::from_secs(args.tp_outage_window_secs);
+    engine_config.admission = match args.max_sequences_in_flight {
+        0 => AdmissionBound::Auto,
+        n => AdmissionBound::Fixed(n),
+    };
+    engine_config.admission_wait = Duration::from_millis(args.admission_wait_ms);
     let engine = EngineClient::start(engine_config);
     let model_root = args.model.display().to_string();
     let served_model_name = args
@@ -152,7 +171,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         limits: Arc::new(Limits::new(max_model_len)),
         engine: engine.clone(),
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
-        max_body_bytes: args.max_body_bytes,
+        body: BodyLimits::new(
+            args.max_body_bytes,
+            Duration::from_secs(args.http_body_timeout_secs.max(1)),
+            std::thread::available_parallelism().map_or(2, |n| n.get()),
+        ),
         started_unix: api_server::openai::responses::unix_now(),
         idle_trim,
     };

@@ -3,6 +3,7 @@
 //! Dropping the body (client gone) drops the runs, which aborts their engine requests.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
@@ -36,20 +37,35 @@ fn error_event(err: &ApiError) -> Bytes {
 
 /// Merges the choices' updates into one SSE body. `prelude` goes first (chat's role chunks);
 /// `format` turns each update into one chunk.
-/// A run with its first update already taken (see [`first_updates`]).
+/// How long a stream waits for its first output before answering 200 anyway. A refusal or a
+/// failure within it (a worker rejects at once) gets its HTTP status; a request queued longer
+/// learns now that it was admitted, and a later failure arrives as an error event.
+pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(750);
+
+/// A run with its first update taken when it came within the patience (see [`first_updates`]).
 pub struct PrimedRun {
     run: ChoiceRun,
-    first: ChoiceUpdate,
+    first: Option<ChoiceUpdate>,
 }
 
-/// Waits for every run's first update, so a request the engine refuses or fails before any
-/// output gets a proper HTTP status instead of a 200 stream holding an error event.
-pub async fn first_updates(runs: Vec<ChoiceRun>) -> Result<Vec<PrimedRun>, ApiError> {
+/// Waits up to `patience` for every run's first update, so a request the engine refuses or
+/// fails before any output gets a proper HTTP status instead of a 200 stream holding an error
+/// event, while a queued one is not left without a status.
+pub async fn first_updates(
+    runs: Vec<ChoiceRun>,
+    patience: Duration,
+) -> Result<Vec<PrimedRun>, ApiError> {
+    let until = tokio::time::Instant::now() + patience;
     futures::future::try_join_all(runs.into_iter().map(|mut run| async move {
-        match run.step().await {
-            Some(Ok(first)) => Ok(PrimedRun { run, first }),
-            Some(Err(err)) => Err(err),
-            None => Err(ApiError::Internal),
+        // `step` is cancel-safe: it changes nothing until an engine event arrives.
+        match tokio::time::timeout_at(until, run.step()).await {
+            Ok(Some(Ok(first))) => Ok(PrimedRun {
+                run,
+                first: Some(first),
+            }),
+            Ok(Some(Err(err))) => Err(err),
+            Ok(None) => Err(ApiError::Internal),
+            Err(_) => Ok(PrimedRun { run, first: None }),
         }
     }))
     .await
@@ -67,10 +83,9 @@ where
 {
     let updates = stream::select_all(runs.into_iter().map(|PrimedRun { run, first }| {
         Box::pin(
-            stream::once(async move { Ok(first) })
-                .chain(stream::unfold(run, |mut run| async move {
-                    run.step().await.map(|update| (update, run))
-                })),
+            stream::iter(first.map(Ok)).chain(stream::unfold(run, |mut run| async move {
+                run.step().await.map(|update| (update, run))
+            })),
         )
     }));
     let body = stream::iter(prelude.into_iter().map(Ok::<_, Infallible>)).chain(events(

@@ -250,3 +250,67 @@ async fn slow_and_idle_clients_are_disconnected_and_others_still_served() {
         Some(0)
     );
 }
+
+/// Writes `request` on a fresh connection and returns the status line of the answer (empty
+/// when the server closed without one).
+fn status_line(addr: &str, request: &[u8], limit: Duration) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    stream.write_all(request).unwrap();
+    let mut line = String::new();
+    let _ = BufReader::new(stream).read_line(&mut line);
+    line
+}
+
+#[tokio::test]
+async fn a_trickled_body_gets_408_and_a_heavy_body_is_served() {
+    let engine = FakeEngine::start(
+        Behaviour::Complete {
+            tokens: vec![504, 504],
+            finish: FinishReason::Length,
+        },
+        2,
+    )
+    .await;
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &["--http-body-timeout-secs", "1"], None);
+    wait_healthy(port).await;
+    let addr = format!("127.0.0.1:{port}");
+
+    // Headers promise 1,000 bytes; ten come, then nothing: 408 once the body deadline passes.
+    let started = std::time::Instant::now();
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Content-Length: 1000\r\n\r\n{\"prompt\":";
+    let line = tokio::task::spawn_blocking(move || {
+        status_line(&addr, head.as_bytes(), Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert!(line.starts_with("HTTP/1.1 408"), "{line:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A body over the heavy threshold (padded with JSON whitespace) is parsed and tokenized off
+    // the runtime, and answered like any other.
+    let padding = " ".repeat(api_server::body::HEAVY_BODY_BYTES + 1);
+    let body = format!(r#"{{"prompt": "Hello", "max_tokens": 2{padding}}}"#);
+    let resp = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    sigterm(&child);
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
+}

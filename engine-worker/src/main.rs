@@ -109,14 +109,14 @@ struct Args {
     #[arg(
         long,
         env = "SPECULA_WORKER_API_ENDPOINT",
-        default_value = "tcp://127.0.0.1:5555"
+        default_value_t = link::ipc::default_endpoint("worker-0")
     )]
     api_endpoint: String,
     /// The token-processor's ingest (ROUTER) endpoint.
     #[arg(
         long,
         env = "SPECULA_TP_ENDPOINT",
-        default_value = "tcp://127.0.0.1:5556"
+        default_value_t = link::ipc::default_endpoint("tp-ingest")
     )]
     tp_endpoint: String,
     /// Step batches queued for the token-processor before the worker drops them and resyncs.
@@ -275,6 +275,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
             engine_status.set_ready(
                 engine.backend().config().name.clone(),
                 engine.config().max_model_len,
+                engine.kv_capacity_tokens(),
             );
             // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
             engine_status.request_resync();

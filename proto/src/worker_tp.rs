@@ -30,6 +30,9 @@ pub struct WorkerHello {
     /// Most positions (prompt + output) of one request on this worker; 0 until the model is
     /// loaded. The api-server validates against it and takes the default `max_tokens` from it.
     pub max_model_len: u32,
+    /// Positions the worker's KV cache holds (blocks × block size); 0 until the model is loaded.
+    /// The api-server's default admission bound derives from it.
+    pub kv_capacity_tokens: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,6 +30,7 @@ fn setup(rows: usize, k: u8) -> (Ingest, Synth) {
         ready: true,
         heartbeat_interval_ms: 0,
         max_model_len: 2048,
+        kv_capacity_tokens: 32_768,
     };
     ingest.handle(WorkerToTp::Hello(hello), now, Instant::now(), &mut out);
     let resync = Resync {

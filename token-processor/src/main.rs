@@ -49,14 +49,14 @@ struct ServeArgs {
     #[arg(
         long,
         env = "SPECULA_INGEST_ENDPOINT",
-        default_value = "tcp://127.0.0.1:5556"
+        default_value_t = link::ipc::default_endpoint("tp-ingest")
     )]
     ingest_endpoint: String,
     /// ZeroMQ endpoint the ROUTER socket binds for api-servers.
     #[arg(
         long,
         env = "SPECULA_TP_API_ENDPOINT",
-        default_value = "tcp://127.0.0.1:5557"
+        default_value_t = link::ipc::default_endpoint("tp-api")
     )]
     api_endpoint: String,
     /// Address `/metrics` and `/health` listen on.
@@ -137,7 +137,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
 
     for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
-        link::ipc::clear_stale_socket(endpoint).with_context(|| format!("preparing {endpoint}"))?;
+        link::ipc::prepare_bind(endpoint).with_context(|| format!("preparing {endpoint}"))?;
     }
     let mut ingest_router = RouterSocket::new();
     ingest_router

@@ -337,6 +337,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
             ready: true,
             heartbeat_interval_ms: 0,
             max_model_len: 2048,
+            kv_capacity_tokens: 32_768,
         }),
         now,
         Instant::now(),

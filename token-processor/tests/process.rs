@@ -211,6 +211,7 @@ impl FakeWorker {
             ready: true,
             heartbeat_interval_ms: HEARTBEAT_MS,
             max_model_len: 2048,
+            kv_capacity_tokens: 32_768,
         };
         send(&mut socket, &WorkerToTp::Hello(hello)).await;
         let resync = Resync {

@@ -44,6 +44,7 @@ impl SimWorker {
             ready: true,
             heartbeat_interval_ms: 500,
             max_model_len: 2048,
+            kv_capacity_tokens: 32_768,
         })
     }
 }

@@ -11,6 +11,7 @@ use proto::{FinishReason, RequestId};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::admission::Admitted;
 use super::peers::least_loaded;
 use super::registry::REQUEST_CHANNEL_CAPACITY;
 use super::shared::{lock, Shared};
@@ -124,12 +125,25 @@ impl EngineClient {
             })
             .collect();
         drop(tp);
+        // Locks tp and workers itself: taken before the expression below holds tp's lock.
+        let admission = serde_json::json!({
+            "sequences_in_flight": self.shared.admission.in_flight(),
+            "bound": self.shared.admission.bound(self.shared.auto_admission_bound()),
+        });
         serde_json::json!({
             "in_flight": self.in_flight(),
             "token_processor_alive": lock(&self.shared.tp).alive(),
             "token_processor_outage_s": self.shared.tp_outage().map(|d| d.as_secs_f64()),
+            "admission": admission,
             "workers": workers,
         })
+    }
+
+    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
+    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
+    pub async fn admit(&self, sequences: usize) -> Result<Vec<Admitted>, ApiError> {
+        let auto = self.shared.auto_admission_bound();
+        self.shared.admission.admit(sequences, auto).await
     }
 
     /// Stops taking new requests (in-flight ones go on).

@@ -1,9 +1,10 @@
 //! The engine client: ZeroMQ links to every engine-worker and to the token-processor
 //! ([`links`], which only move frames), what each frame does ([`shared`]), the peers' liveness
 //! ([`peers`]), in-flight requests and their output channels ([`registry`]), and the handle a
-//! route holds for one engine request ([`client`]). Imports go one way:
-//! client → links → shared → peers, registry.
+//! route holds for one engine request ([`client`]), and the bound on sequences in flight
+//! ([`admission`]). Imports go one way: client → links → shared → peers, registry, admission.
 
+pub mod admission;
 pub mod client;
 pub mod ids;
 pub mod links;
@@ -14,6 +15,8 @@ pub(crate) mod shared;
 use std::time::Duration;
 
 use link::Liveness;
+
+use admission::AdmissionBound;
 
 use proto::api_worker::RejectReason;
 use proto::tp_api::Usage as EngineUsage;
@@ -29,8 +32,15 @@ pub struct EngineConfig {
     pub api_server_id: String,
     /// Our heartbeat period and the liveness rule, also for the token-processor's hellos.
     pub liveness: Liveness,
-    /// Most engine requests in flight at once; more get a 429.
+    /// Most engine requests in flight at once; more get a 429 (a hard cap on the registry; the
+    /// admission bound below is what normally refuses).
     pub max_in_flight: usize,
+    /// Engine sequences admitted at once (`admission`); past it a request waits up to
+    /// `admission_wait`, then gets a 429.
+    pub admission: AdmissionBound,
+    pub admission_wait: Duration,
+    /// The most sequences (prompts × n) one request may carry: the admission bound's floor.
+    pub max_sequences_per_request: usize,
     /// A request without output for this long is checked with its worker; if the worker no
     /// longer holds it, it ends with an error instead of waiting for the request timeout.
     pub stall_timeout: Duration,
@@ -49,6 +59,9 @@ impl EngineConfig {
             stall_timeout: Duration::from_secs(30),
             tp_outage_window: Duration::from_secs(30),
             max_in_flight: 4096,
+            admission: AdmissionBound::Auto,
+            admission_wait: Duration::from_millis(500),
+            max_sequences_per_request: admission::MAX_SEQUENCES_PER_REQUEST,
         }
     }
 }

@@ -214,6 +214,7 @@ mod tests {
             ready,
             heartbeat_interval_ms: 100,
             max_model_len: 2048,
+            kv_capacity_tokens: 32_768,
         }
     }
 

@@ -14,6 +14,7 @@ use proto::tp_api::TpToApi;
 use proto::RequestId;
 use tokio::sync::mpsc;
 
+use super::admission::{auto_bound, Admission, WorkerCapacity};
 use super::ids::IdAllocator;
 use super::peers::{servable, TpPeer, WorkerPeer};
 use super::registry::{Dispatch, Registry};
@@ -52,6 +53,7 @@ pub(crate) struct Shared {
     pub tp: Mutex<TpPeer>,
     pub worker_tx: Vec<mpsc::Sender<ApiToWorker>>,
     pub accepting: AtomicBool,
+    pub admission: Admission,
     sweeper: Mutex<Sweeper>,
     watchdog: Mutex<Watchdog>,
     /// When stalled requests were last looked for.
@@ -80,12 +82,33 @@ impl Shared {
             tp: Mutex::new(TpPeer::new(config.liveness)),
             worker_tx,
             accepting: AtomicBool::new(true),
+            admission: Admission::new(
+                config.admission,
+                config.max_sequences_per_request,
+                config.admission_wait,
+            ),
             sweeper: Mutex::new(Sweeper::new(config.liveness)),
             watchdog: Mutex::new(Watchdog::from_env()),
             stall_check: Mutex::new(Instant::now()),
             tp_outage: Mutex::new(None),
             config,
         }
+    }
+
+    /// The default admission bound from the servable workers' hellos.
+    pub fn auto_admission_bound(&self) -> usize {
+        let tp = lock(&self.tp);
+        let workers = lock(&self.workers);
+        auto_bound(
+            workers
+                .iter()
+                .filter(|w| servable(w, &tp))
+                .filter_map(|w| w.hello.as_ref())
+                .map(|h| WorkerCapacity {
+                    kv_capacity_tokens: h.kv_capacity_tokens,
+                    max_model_len: h.max_model_len,
+                }),
+        )
     }
 
     pub fn send_abort(&self, worker: usize, id: RequestId) {

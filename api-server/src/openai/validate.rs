@@ -32,7 +32,7 @@ impl Limits {
             max_model_len,
             max_n: 16,
             max_prompts: 64,
-            max_sequences: 64,
+            max_sequences: crate::engine::admission::MAX_SEQUENCES_PER_REQUEST,
             max_stop_strings: 16,
             max_stop_bytes: 256,
             max_messages: 1024,

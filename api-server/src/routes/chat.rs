@@ -1,5 +1,7 @@
 //! `POST /v1/chat/completions`.
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -7,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::AppState;
-use crate::body::read_json;
+use crate::body::{read_json, Parsed};
 use crate::error::ApiError;
 use crate::generate::{collect_all, start_choices, total_usage, ChoiceUpdate};
 use crate::openai::requests::ChatCompletionRequest;
@@ -16,7 +18,7 @@ use crate::openai::responses::{
     Delta, UsageField,
 };
 use crate::openai::validate::{chat_prompt, check_model, generate_spec, DefaultMaxTokens};
-use crate::stream::{first_updates, sse_event, sse_response, StreamItem};
+use crate::stream::{first_updates, sse_event, sse_response, StreamItem, FIRST_UPDATE_PATIENCE};
 
 const OBJECT: &str = "chat.completion";
 const CHUNK_OBJECT: &str = "chat.completion.chunk";
@@ -26,22 +28,29 @@ pub async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let req: ChatCompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
+    let Parsed { value: req, heavy } =
+        read_json::<ChatCompletionRequest>(&headers, body, &state.body).await?;
     check_model(req.model.as_deref(), &state.model_names)?;
+    let (assets, limits) = (Arc::clone(&state.model), state.limits());
+    let spec = state
+        .body
+        .run(heavy, move || {
+            let tokenizer = &assets.tokenizer;
+            let prompt = chat_prompt(&req, assets.chat_template.as_ref(), tokenizer, &limits)?;
+            // `max_completion_tokens` is the newer name; it wins when both are given.
+            let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+            generate_spec(
+                vec![prompt],
+                &req.sampling,
+                max_tokens,
+                DefaultMaxTokens::RestOfContext,
+                tokenizer,
+                &limits,
+            )
+        })
+        .await?;
     let tokenizer = &state.model.tokenizer;
-    let limits = state.limits();
-    let prompt = chat_prompt(&req, state.model.chat_template.as_ref(), tokenizer, &limits)?;
-    // `max_completion_tokens` is the newer name; it wins when both are given.
-    let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-    let spec = generate_spec(
-        vec![prompt],
-        &req.sampling,
-        max_tokens,
-        DefaultMaxTokens::RestOfContext,
-        tokenizer,
-        &limits,
-    )?;
-    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout)?;
+    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout).await?;
     let id = response_id("chatcmpl");
     let created = unix_now();
     let model = state.served_model_name.to_string();
@@ -113,7 +122,7 @@ pub async fn handle(
                 StreamItem::Usage(usage) => chunk(Vec::new(), UsageField::Totals(usage)),
             }
         };
-        let runs = first_updates(runs).await?;
+        let runs = first_updates(runs, FIRST_UPDATE_PATIENCE).await?;
         return Ok(sse_response(
             runs,
             prelude,

@@ -1,5 +1,7 @@
 //! `POST /v1/completions`.
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -7,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::AppState;
-use crate::body::read_json;
+use crate::body::{read_json, Parsed};
 use crate::error::ApiError;
 use crate::generate::{collect_all, start_choices, total_usage, ChoiceUpdate};
 use crate::openai::requests::CompletionRequest;
@@ -15,7 +17,7 @@ use crate::openai::responses::{
     response_id, unix_now, Chunk, CompletionChoice, CompletionResponse, UsageField,
 };
 use crate::openai::validate::{check_model, completion_prompts, generate_spec, DefaultMaxTokens};
-use crate::stream::{first_updates, sse_event, sse_response, StreamItem};
+use crate::stream::{first_updates, sse_event, sse_response, StreamItem, FIRST_UPDATE_PATIENCE};
 
 const OBJECT: &str = "text_completion";
 /// vLLM's default `max_tokens` for completions.
@@ -45,21 +47,27 @@ pub async fn handle(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = read_json(&headers, body, state.max_body_bytes).await?;
+    let Parsed { value: req, heavy } =
+        read_json::<CompletionRequest>(&headers, body, &state.body).await?;
     check_model(req.model.as_deref(), &state.model_names)?;
     unsupported_fields(&req)?;
+    let (assets, limits) = (Arc::clone(&state.model), state.limits());
+    let spec = state
+        .body
+        .run(heavy, move || {
+            let prompts = completion_prompts(&req.prompt, &assets.tokenizer, &limits)?;
+            generate_spec(
+                prompts,
+                &req.sampling,
+                req.sampling.max_tokens,
+                DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
+                &assets.tokenizer,
+                &limits,
+            )
+        })
+        .await?;
     let tokenizer = &state.model.tokenizer;
-    let limits = state.limits();
-    let prompts = completion_prompts(&req.prompt, tokenizer, &limits)?;
-    let spec = generate_spec(
-        prompts,
-        &req.sampling,
-        req.sampling.max_tokens,
-        DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
-        tokenizer,
-        &limits,
-    )?;
-    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout)?;
+    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout).await?;
     let id = response_id("cmpl");
     let created = unix_now();
     let model = state.served_model_name.to_string();
@@ -101,7 +109,7 @@ pub async fn handle(
                 usage,
             })
         };
-        let runs = first_updates(runs).await?;
+        let runs = first_updates(runs, FIRST_UPDATE_PATIENCE).await?;
         return Ok(sse_response(
             runs,
             Vec::new(),

@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::auth::{require_api_key, ApiKey};
+use crate::body::BodyLimits;
 use crate::engine::EngineClient;
 use crate::error::ApiError;
 use crate::memory::{track_activity, IdleTrim};
@@ -34,8 +35,8 @@ pub struct AppState {
     pub limits: Arc<Limits>,
     pub engine: EngineClient,
     pub request_timeout: Duration,
-    /// Largest request body accepted.
-    pub max_body_bytes: usize,
+    /// How request bodies are read: size, deadline, heavy ones off the runtime.
+    pub body: BodyLimits,
     pub started_unix: u64,
     /// Activity of the generation routes, for trimming the heap once idle.
     pub idle_trim: Arc<IdleTrim>,

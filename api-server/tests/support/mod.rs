@@ -57,7 +57,7 @@ pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
         limits: Arc::new(Limits::new(8192)),
         engine,
         request_timeout: timeout,
-        max_body_bytes: 64 * 1024,
+        body: api_server::body::BodyLimits::new(64 * 1024, Duration::from_secs(5), 2),
         started_unix: 0,
         idle_trim: Default::default(),
     }
@@ -251,6 +251,7 @@ async fn run_worker(
                                     ready: true,
                                     heartbeat_interval_ms: INTERVAL.as_millis() as u32,
                                                         max_model_len: 2048,
+                                                        kv_capacity_tokens: 32_768,
         });
                                 let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
                                 api = Some(identity);

@@ -163,6 +163,11 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Stop strings can be checked (the model came with a vocabulary).
+    /// Positions the whole KV cache holds.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.scheduler.allocator().capacity_tokens()
+    }
+
     pub fn has_token_bytes(&self) -> bool {
         self.vocab.is_some()
     }

@@ -39,7 +39,7 @@ struct ApiPeer {
 
 /// Binds the ROUTER; call before loading the model so peers get a not-ready hello meanwhile.
 pub async fn bind_api(endpoint: &str) -> Result<RouterSocket, crate::EngineError> {
-    link::ipc::clear_stale_socket(endpoint)?;
+    link::ipc::prepare_bind(endpoint)?;
     let mut socket = RouterSocket::new();
     socket
         .bind(endpoint)

@@ -16,6 +16,7 @@ pub struct WorkerStatus {
     model: RwLock<String>,
     /// 0 until the model is loaded.
     max_model_len: AtomicU32,
+    kv_capacity_tokens: AtomicU32,
     ready: AtomicBool,
     draining: AtomicBool,
     next_seq: AtomicU64,
@@ -51,6 +52,7 @@ impl WorkerStatus {
             heartbeat_interval_ms,
             model: RwLock::new(model),
             max_model_len: AtomicU32::new(0),
+            kv_capacity_tokens: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
@@ -67,11 +69,16 @@ impl WorkerStatus {
         }
     }
 
-    /// The model is loaded: hellos say ready, and state the context length, from now on.
-    pub fn set_ready(&self, model: String, max_model_len: usize) {
+    /// The model is loaded: hellos say ready, and state the context length and the KV cache's
+    /// size, from now on.
+    pub fn set_ready(&self, model: String, max_model_len: usize, kv_capacity_tokens: usize) {
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = model;
         self.max_model_len.store(
             u32::try_from(max_model_len).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
+        self.kv_capacity_tokens.store(
+            u32::try_from(kv_capacity_tokens).unwrap_or(u32::MAX),
             Ordering::SeqCst,
         );
         self.last_turn_ns
@@ -148,6 +155,7 @@ impl WorkerStatus {
             ready: self.is_ready(),
             heartbeat_interval_ms: self.heartbeat_interval_ms,
             max_model_len: self.max_model_len.load(Ordering::SeqCst),
+            kv_capacity_tokens: self.kv_capacity_tokens.load(Ordering::SeqCst),
         }
     }
 

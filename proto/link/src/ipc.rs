@@ -1,18 +1,57 @@
-//! `ipc://` endpoints leave their socket file behind when a process is killed (`kill -9`); a
-//! restarted process could then never bind again. Remove such a stale file, but never one a live
-//! process still listens on.
+//! `ipc://` endpoints: where the defaults live, and what binding one needs.
+//!
+//! Every process defaults to ipc endpoints in one private runtime directory ([`runtime_dir`]),
+//! as the systemd units do (`/run/specula`, 0750): only the user (and the unit's group) can
+//! reach them, where a default tcp port would let any local user connect. The binding process
+//! creates the directory 0700 when it is missing.
+//!
+//! A killed process (`kill -9`) leaves its socket file behind, and a restarted one could then
+//! never bind again: such a stale file is removed, but never one a live process listens on.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::LinkError;
 
-/// Before binding `endpoint`: deletes its socket file if nobody accepts connections on it.
-pub fn clear_stale_socket(endpoint: &str) -> Result<(), LinkError> {
+/// The directory of the default endpoints: `$SPECULA_RUNTIME_DIR`, else
+/// `$XDG_RUNTIME_DIR/specula` (per user, created by the login manager 0700), else
+/// `/tmp/specula-<uid>`.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPECULA_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("specula");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("specula-{uid}"))
+}
+
+/// The default endpoint `name` (e.g. `tp-ingest`): `ipc://<runtime_dir>/<name>.sock`.
+pub fn default_endpoint(name: &str) -> String {
+    format!("ipc://{}/{name}.sock", runtime_dir().display())
+}
+
+/// Before binding `endpoint`: creates its directory (0700) when missing, and deletes its socket
+/// file if nobody accepts connections on it.
+pub fn prepare_bind(endpoint: &str) -> Result<(), LinkError> {
     let Some(path) = endpoint.strip_prefix("ipc://") else {
         return Ok(());
     };
     let path = Path::new(path);
+    let err = |source| LinkError::Endpoint {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+    }
     if !path.exists() {
         return Ok(());
     }
@@ -39,13 +78,35 @@ mod tests {
         let endpoint = format!("ipc://{}", path.display());
 
         let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let err = clear_stale_socket(&endpoint).unwrap_err();
+        let err = prepare_bind(&endpoint).unwrap_err();
         assert!(matches!(err, LinkError::EndpointInUse { .. }), "{err}");
         drop(live); // the file stays behind, as after kill -9
         assert!(path.exists());
-        clear_stale_socket(&endpoint).unwrap();
+        prepare_bind(&endpoint).unwrap();
         assert!(!path.exists());
-        clear_stale_socket("tcp://127.0.0.1:1").unwrap();
+        prepare_bind("tcp://127.0.0.1:1").unwrap();
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn creates_a_missing_directory_private_to_the_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("link-ipc-dir-{}", std::process::id()));
+        let endpoint = format!("ipc://{}/a/b.sock", dir.display());
+        prepare_bind(&endpoint).unwrap();
+        let mode = std::fs::metadata(dir.join("a"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn default_endpoints_are_ipc_in_the_runtime_directory() {
+        let endpoint = default_endpoint("tp-ingest");
+        assert!(endpoint.starts_with("ipc://"), "{endpoint}");
+        assert!(endpoint.ends_with("/tp-ingest.sock"), "{endpoint}");
+        assert!(endpoint.contains(&runtime_dir().display().to_string()));
     }
 }

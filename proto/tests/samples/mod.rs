@@ -16,6 +16,7 @@ pub fn worker_hello() -> WorkerHello {
         ready: true,
         heartbeat_interval_ms: 500,
         max_model_len: 2048,
+        kv_capacity_tokens: 32_768,
     }
 }
 

@@ -32,6 +32,7 @@ fn hello(epoch: u64, k: u32) -> WorkerToTp {
         ready: true,
         heartbeat_interval_ms: 100,
         max_model_len: 2048,
+        kv_capacity_tokens: 32_768,
     })
 }
 

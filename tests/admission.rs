@@ -1,0 +1,175 @@
+//! Admission control under a burst: 1,000 concurrent streaming completions against the default
+//! stack. Every one gets its status within 2 s of sending — 200 with a stream that ends in
+//! `[DONE]`, or 429 with the OpenAI error envelope and `Retry-After` — none hangs, at least the
+//! admission bound's worth are served, and no process's RSS grows past a stated bound.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::openai::completion_body;
+use common::stack::{Proc, Stack, StackConfig};
+use futures::StreamExt;
+use serde_json::Value;
+
+const BURST: usize = 1000;
+/// The issue's bound on the time to a status, from sending.
+const STATUS_WITHIN: Duration = Duration::from_secs(2);
+/// Growth allowed during the burst, per process: a thousand connections and requests in the
+/// api-server, their outputs in the token-processor, queued sequences in the worker (whose KV
+/// cache is reserved at start).
+const RSS_GROWTH_KIB: [(Proc, u64); 3] = [
+    (Proc::ApiServer, 96 * 1024),
+    (Proc::TokenProcessor, 32 * 1024),
+    (Proc::EngineWorker, 64 * 1024),
+];
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[derive(Debug)]
+enum Outcome {
+    /// 200, and the stream ended with `[DONE]` and no error event.
+    Served,
+    /// 429 with the envelope and `Retry-After`.
+    Refused,
+}
+
+/// Sends one streamed completion; returns the time to its status and how it ended. Anything but
+/// the two outcomes above fails the test.
+async fn one(http: reqwest::Client, url: String, body: Value) -> (Duration, Outcome) {
+    let sent = Instant::now();
+    let resp = http.post(&url).json(&body).send().await.expect("transport");
+    let to_status = sent.elapsed();
+    match resp.status().as_u16() {
+        200 => {
+            let mut bytes = resp.bytes_stream();
+            let mut text = String::new();
+            while let Some(piece) = bytes.next().await {
+                text.push_str(&String::from_utf8_lossy(&piece.expect("stream broke")));
+            }
+            assert!(!text.contains("\"error\""), "error event: {text}");
+            assert!(text.ends_with("data: [DONE]\n\n"), "no [DONE]: {text}");
+            (to_status, Outcome::Served)
+        }
+        429 => {
+            assert_eq!(
+                resp.headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok()),
+                Some("1")
+            );
+            let envelope: Value = resp.json().await.expect("error envelope");
+            assert_eq!(envelope["error"]["type"], "rate_limit_error", "{envelope}");
+            let message = envelope["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("overloaded"), "{message}");
+            (to_status, Outcome::Refused)
+        }
+        other => panic!("status {other}: {:?}", resp.text().await),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_1000_streams_gets_every_status_within_2s() {
+    let stack = Stack::start(StackConfig::default()).await;
+    let health: Value = stack
+        .client()
+        .get(stack.api("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bound = health["admission"]["bound"]
+        .as_u64()
+        .expect("the admission bound in /health") as usize;
+    assert!(bound < BURST, "the burst must exceed the bound ({bound})");
+    let before: Vec<u64> = RSS_GROWTH_KIB
+        .iter()
+        .map(|(p, _)| rss_kib(stack.pid(*p)))
+        .collect();
+
+    // Its own client: no total timeout (the test bounds the whole burst), one connection each.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let url = stack.api("/v1/completions");
+    let start = Arc::new(tokio::sync::Barrier::new(BURST + 1));
+    let mut tasks = Vec::with_capacity(BURST);
+    for i in 0..BURST {
+        let body = completion_body(
+            &format!("Count from {} to {}:", i % 50, i % 50 + 5),
+            8,
+            true,
+        );
+        let (http, url, start) = (http.clone(), url.clone(), Arc::clone(&start));
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            one(http, url, body).await
+        }));
+    }
+    let pids: Vec<u32> = RSS_GROWTH_KIB.iter().map(|(p, _)| stack.pid(*p)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            let mut peak = vec![0u64; pids.len()];
+            while !stop.load(Ordering::Relaxed) {
+                for (peak, pid) in peak.iter_mut().zip(&pids) {
+                    *peak = (*peak).max(rss_kib(*pid));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            peak
+        }
+    });
+    start.wait().await;
+    let all = futures::future::join_all(tasks);
+    let results = tokio::time::timeout(Duration::from_secs(300), all)
+        .await
+        .expect("the burst did not finish within 300 s: a request hangs");
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.await.unwrap();
+
+    let mut to_status: Vec<Duration> = Vec::with_capacity(BURST);
+    let (mut served, mut refused) = (0, 0);
+    for r in results {
+        let (t, outcome) = r.expect("a request task panicked");
+        to_status.push(t);
+        match outcome {
+            Outcome::Served => served += 1,
+            Outcome::Refused => refused += 1,
+        }
+    }
+    to_status.sort();
+    let p99 = to_status[BURST * 99 / 100];
+    let slowest = *to_status.last().unwrap();
+    eprintln!(
+        "burst of {BURST} streams (bound {bound}): {served} served, {refused} refused (429); \
+         time to status p50 {:?}, p99 {p99:?}, slowest {slowest:?}; RSS kB before → peak: {:?}",
+        to_status[BURST / 2],
+        before.iter().zip(&peak).collect::<Vec<_>>()
+    );
+    assert!(slowest <= STATUS_WITHIN, "a status came after {slowest:?}");
+    assert!(
+        served >= bound,
+        "only {served} served under a bound of {bound}"
+    );
+    assert!(refused > 0, "nothing refused: the bound did not hold");
+    for (((p, growth), before), after) in RSS_GROWTH_KIB.iter().zip(&before).zip(&peak) {
+        assert!(
+            *after <= before + growth,
+            "{p:?} RSS {before} → {after} kB, over +{growth} kB"
+        );
+    }
+}
