@@ -57,6 +57,32 @@ impl BodyLimits {
     }
 }
 
+/// How long an oversized body is read and thrown away before its 413 (see [`discard`]).
+pub const DISCARD_WITHIN: Duration = Duration::from_secs(10);
+
+/// Most bytes of an oversized body read and thrown away.
+pub const DISCARD_AT_MOST: usize = 256 << 20;
+
+/// Reads an oversized body to its end (at most [`DISCARD_AT_MOST`] bytes, for at most `within`)
+/// and drops it, so that the 413 reaches a client that writes its whole body before reading
+/// (Python's `http.client`, curl without `Expect`): closing with unread bytes makes the kernel
+/// reset the connection, and the client sees EPIPE instead of the error (nginx's lingering
+/// close exists for the same reason). Costs only bandwidth: nothing is kept.
+async fn discard(body: Body, within: Duration) {
+    let mut body = body.into_data_stream();
+    let mut read = 0usize;
+    let drain = async {
+        use futures::StreamExt;
+        while let Some(Ok(chunk)) = body.next().await {
+            read += chunk.len();
+            if read > DISCARD_AT_MOST {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, drain).await;
+}
+
 /// A parsed body, and whether it was heavy (its later work goes through [`BodyLimits::run`]).
 #[derive(Debug)]
 pub struct Parsed<T> {
@@ -107,6 +133,7 @@ pub async fn read_json<T: DeserializeOwned + Send + 'static>(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
+        discard(body, limits.read_timeout.min(DISCARD_WITHIN)).await;
         return Err(ApiError::BodyTooLarge { limit });
     }
     let heavy = declared.is_none_or(|len| len > HEAVY_BODY_BYTES as u64);

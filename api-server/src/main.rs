@@ -147,6 +147,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         api_server_id.clone(),
     );
     engine_config.liveness = args.service.liveness();
+    let endpoints: Vec<&str> = args
+        .worker_endpoints
+        .iter()
+        .map(String::as_str)
+        .chain([args.tp_endpoint.as_str()])
+        .collect();
+    engine_config.link_secret =
+        link::auth::secret_for(args.service.link_secret_file.as_ref(), &endpoints)?;
     engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
     engine_config.tp_outage_window = Duration::from_secs(args.tp_outage_window_secs);
     engine_config.admission = match args.max_sequences_in_flight {

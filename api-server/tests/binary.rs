@@ -314,3 +314,44 @@ async fn a_trickled_body_gets_408_and_a_heavy_body_is_served() {
         Some(0)
     );
 }
+
+/// A client that writes its whole oversized body before reading (as Python's `http.client`
+/// does) still reads the 413.
+#[tokio::test]
+async fn an_oversized_body_written_whole_still_gets_its_413() {
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let port = support::free_port();
+    let mut child = spawn(&engine, port, &["--max-body-bytes", "65536"], None);
+    wait_healthy(port).await;
+    let addr = format!("127.0.0.1:{port}");
+    let line = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader, Write};
+        let len = 32 << 20;
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..len / chunk.len() {
+            stream
+                .write_all(&chunk)
+                .expect("the server reads the body it refuses (no reset)");
+        }
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    assert!(line.starts_with("HTTP/1.1 413"), "{line:?}");
+    sigterm(&child);
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
+}

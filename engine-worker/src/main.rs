@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, RetainBounds, TokenBytes};
-use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig};
+use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig, ApiLinkSettings};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
@@ -202,6 +202,10 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         proposer.into(),
         args.service.heartbeat_interval_ms,
     ));
+    let link_secret = link::auth::secret_for(
+        args.service.link_secret_file.as_ref(),
+        &[&args.api_endpoint, &args.tp_endpoint],
+    )?;
     let router = bind_api(&args.api_endpoint)
         .await
         .with_context(|| format!("cannot bind {}", args.api_endpoint))?;
@@ -220,11 +224,15 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         cmd_tx.clone(),
         api_rx,
         limits_rx,
-        heartbeat,
+        ApiLinkSettings {
+            heartbeat_interval: heartbeat,
+            gate: link::auth::Gate::new(link_secret.clone()),
+        },
         shutdown_rx,
     ));
     let tp_task = tokio::spawn(run_tp_link(
         TpLinkConfig {
+            secret: link_secret,
             endpoint: args.tp_endpoint.clone(),
             heartbeat_interval: heartbeat,
             send_timeout: Duration::from_secs(2),

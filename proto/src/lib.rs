@@ -5,11 +5,14 @@
 //! - [`worker_tp`]: engine-worker → token-processor (hello, step batches, heartbeats, resync),
 //! - [`tp_api`]: token-processor ⇄ api-server (per-request outputs).
 //!
+//! and [`auth`], the proof of a shared secret that precedes them on endpoints that require one.
+//!
 //! Frames are MessagePack (rmp-serde, structs as arrays) behind [`codec`], which caps every
 //! frame's size and turns every malformed input into a [`ProtoError`]. Every hello carries
 //! [`PROTOCOL_VERSION`]; [`check_version`] rejects a peer that speaks another one.
 
 pub mod api_worker;
+pub mod auth;
 pub mod codec;
 pub mod columns;
 mod error;

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use link::auth::{Gate, Verdict};
 use link::liveness::Heard;
 use link::{Liveness, Sweep, Sweeper};
 use proto::tp_api::{ApiToTp, TpHello, TpToApi};
@@ -40,6 +41,8 @@ struct ApiPeer {
 }
 
 enum FromApi {
+    /// A step of the link-secret exchange to send back (`link::auth`).
+    Auth { routing_id: Bytes, reply: Vec<u8> },
     Hello {
         routing_id: Bytes,
         name: String,
@@ -60,6 +63,7 @@ pub async fn run(
     mut live_workers: watch::Receiver<Vec<String>>,
     liveness: Liveness,
     tp_epoch: u64,
+    mut gate: Gate,
 ) {
     let (mut send, mut recv) = router.split();
     let (from_api_tx, mut from_api) = mpsc::channel::<FromApi>(256);
@@ -70,6 +74,23 @@ pub async fn run(
                     let (Some(routing_id), Some(payload)) = (msg.get(0), msg.get(1)) else {
                         continue;
                     };
+                    match gate.check(routing_id, payload) {
+                        Verdict::Pass => {}
+                        Verdict::Reply(reply) => {
+                            if from_api_tx
+                                .send(FromApi::Auth {
+                                    routing_id: routing_id.clone(),
+                                    reply,
+                                })
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            continue;
+                        }
+                        Verdict::Drop => continue,
+                    }
                     let parsed = match proto::decode::<ApiToTp>(payload) {
                         Ok(ApiToTp::Hello(hello)) => {
                             match proto::check_version(&hello.api_server_id, hello.protocol_version)
@@ -148,6 +169,9 @@ pub async fn run(
             }
             msg = from_api.recv() => {
                 match msg {
+                    Some(FromApi::Auth { routing_id, reply }) => {
+                        send_to(&mut send, &routing_id, Bytes::from(reply)).await;
+                    }
                     Some(FromApi::Hello { routing_id, name, epoch }) => {
                         let now = Instant::now();
                         let holder = peers.by_name.get(&name).filter(|p| {

@@ -136,6 +136,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let prometheus =
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
 
+    let link_secret = link::auth::secret_for(
+        args.service.link_secret_file.as_ref(),
+        &[&args.ingest_endpoint, &args.api_endpoint],
+    )?;
     for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
         link::ipc::prepare_bind(endpoint).with_context(|| format!("preparing {endpoint}"))?;
     }
@@ -165,6 +169,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         live_workers_rx,
         liveness,
         tp_epoch,
+        link::auth::Gate::new(link_secret.clone()),
     ));
 
     let config = IngestConfig {
@@ -180,6 +185,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             live_workers: live_workers_tx,
             shutdown: shutdown_rx.clone(),
             watchdog: Watchdog::from_env(),
+            gate: link::auth::Gate::new(link_secret),
         },
     ));
 

@@ -147,9 +147,24 @@ async fn run_link(
             c = connect::<DealerSocket>(&endpoint, &mut backoff, || true) => c,
             _ = shutdown.changed() => break,
         };
-        let Some(Connected { socket, monitor }) = connected else {
+        let Some(Connected {
+            mut socket,
+            monitor,
+        }) = connected
+        else {
             break;
         };
+        if let Some(secret) = &shared.config.link_secret {
+            // Before our hello: a peer that requires the secret reads nothing of ours otherwise.
+            if let Err(e) = link::auth::prove(&mut socket, secret).await {
+                tracing::error!(?peer, %endpoint, error = %e, "link not authenticated; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    _ = shutdown.changed() => break,
+                }
+                continue;
+            }
+        }
         peer.set_connected(&shared, true);
         let end = session(&shared, peer, socket, monitor, &mut outbound, &mut shutdown).await;
         peer.set_connected(&shared, false);

@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub admission_wait: Duration,
     /// The most sequences (prompts × n) one request may carry: the admission bound's floor.
     pub max_sequences_per_request: usize,
+    /// Proven to peers that require it, right after each connect (`link::auth`).
+    pub link_secret: Option<link::auth::Secret>,
     /// A request without output for this long is checked with its worker; if the worker no
     /// longer holds it, it ends with an error instead of waiting for the request timeout.
     pub stall_timeout: Duration,
@@ -62,6 +64,7 @@ impl EngineConfig {
             admission: AdmissionBound::Auto,
             admission_wait: Duration::from_millis(500),
             max_sequences_per_request: admission::MAX_SEQUENCES_PER_REQUEST,
+            link_secret: None,
         }
     }
 }

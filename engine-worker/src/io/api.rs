@@ -1,7 +1,9 @@
 //! The api-server link: a ROUTER the api-servers connect to. In: hello, add, abort, heartbeat.
 //! Out: our hello (with readiness), heartbeats, and refusals. Liveness is `link::liveness`'s
 //! rule: an api-server silent past the window is presumed dead and its requests are aborted; a
-//! heartbeat from one we do not know is answered with [`WorkerToApi::AskHello`].
+//! heartbeat from one we do not know is answered with [`WorkerToApi::AskHello`]. With a link
+//! secret, nothing from a connection reaches the protocol before it proved the secret
+//! (`link::auth::Gate`).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{SyncSender, TrySendError};
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use link::auth::{Gate, Verdict};
 use link::liveness::Heard;
 use link::{Liveness, Sweep, Sweeper};
 use proto::api_worker::{ApiToWorker, RejectReason, WorkerToApi};
@@ -29,6 +32,13 @@ pub struct ApiLinkConfig {
     pub vocab_size: usize,
     pub has_token_bytes: bool,
     pub max_waiting: usize,
+}
+
+/// How the link itself behaves (known at start, unlike [`ApiLinkConfig`]).
+pub struct ApiLinkSettings {
+    pub heartbeat_interval: Duration,
+    /// What a connection must prove before its frames are read (`link::auth`).
+    pub gate: Gate,
 }
 
 struct ApiPeer {
@@ -58,9 +68,13 @@ pub async fn run_api_link(
     commands: SyncSender<EngineCommand>,
     mut from_engine: Receiver<ApiOutbound>,
     limits: tokio::sync::watch::Receiver<Option<ApiLinkConfig>>,
-    heartbeat_interval: Duration,
+    link: ApiLinkSettings,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let ApiLinkSettings {
+        heartbeat_interval,
+        mut gate,
+    } = link;
     // Receiving runs in a task of its own that is never cancelled; frames reach this loop
     // through a bounded channel (when it is full, the socket stops reading: backpressure).
     let (mut socket, mut recv_half) = socket.split();
@@ -93,6 +107,14 @@ pub async fn run_api_link(
                 }
                 let payload = frames.pop().expect("two frames");
                 let routing_id = frames.pop().expect("two frames");
+                match gate.check(&routing_id, &payload) {
+                    Verdict::Pass => {}
+                    Verdict::Reply(frame) => {
+                        send_frame(&mut socket, routing_id, frame).await;
+                        continue;
+                    }
+                    Verdict::Drop => continue,
+                }
                 match proto::decode::<ApiToWorker>(&payload) {
                     Ok(msg) => {
                         let limits = limits.borrow().clone();
@@ -277,13 +299,13 @@ pub async fn push_command(commands: &SyncSender<EngineCommand>, cmd: EngineComma
 }
 
 async fn send(socket: &mut RouterSendHalf, routing_id: Bytes, msg: &WorkerToApi) {
-    let frame = match proto::encode(msg) {
-        Ok(frame) => frame,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot encode message for an api-server");
-            return;
-        }
-    };
+    match proto::encode(msg) {
+        Ok(frame) => send_frame(socket, routing_id, frame).await,
+        Err(err) => tracing::error!(error = %err, "cannot encode message for an api-server"),
+    }
+}
+
+async fn send_frame(socket: &mut RouterSendHalf, routing_id: Bytes, frame: Vec<u8>) {
     let mut message = ZmqMessage::from(frame);
     message.push_front(routing_id);
     // A vanished peer is normal; its heartbeats stop and it is dropped in time.

@@ -28,6 +28,8 @@ use super::{TpOutbound, WorkerStatus};
 #[derive(Debug, Clone)]
 pub struct TpLinkConfig {
     pub endpoint: String,
+    /// The link secret the token-processor may require (`link::auth`).
+    pub secret: Option<link::auth::Secret>,
     pub heartbeat_interval: Duration,
     /// A send blocked longer than this means a stalled peer: reconnect and resync.
     pub send_timeout: Duration,
@@ -62,11 +64,20 @@ pub async fn run_tp_link(
             }
             true
         };
-        let Some(Connected { socket, monitor }) =
-            connect::<DealerSocket>(&cfg.endpoint, &mut backoff, keep_trying).await
+        let Some(Connected {
+            mut socket,
+            monitor,
+        }) = connect::<DealerSocket>(&cfg.endpoint, &mut backoff, keep_trying).await
         else {
             return;
         };
+        if let Some(secret) = &cfg.secret {
+            if let Err(e) = link::auth::prove(&mut socket, secret).await {
+                tracing::error!(endpoint = %cfg.endpoint, error = %e, "token-processor link not authenticated; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+                continue;
+            }
+        }
         let (mut send, recv) = socket.split();
         match serve_connection(&cfg, &status, &mut rx, &mut send, recv, monitor).await {
             LinkEnd::Finished => {

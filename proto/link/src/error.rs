@@ -5,6 +5,17 @@ use std::io;
 pub enum LinkError {
     #[error("{endpoint} is in use by a running process")]
     EndpointInUse { endpoint: String },
+    #[error("cannot read the link secret {path}: {reason}")]
+    Secret {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error(
+        "{endpoint} is reachable from other hosts: give every process the same --link-secret-file"
+    )]
+    SecretRequired { endpoint: String },
+    #[error("the peer did not accept our link secret: {reason}")]
+    AuthFailed { reason: String },
     #[error("cannot prepare {endpoint}: {source}")]
     Endpoint {
         endpoint: String,

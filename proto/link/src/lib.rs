@@ -8,11 +8,13 @@
 //!   sockets, so every DEALER link owns one), with one backoff policy.
 //! - [`identity`]: default process ids, unique per host and stable across restarts.
 //! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
+//! - [`auth`]: the shared-secret proof that endpoints reachable from other hosts require.
 //! - [`service`]: tracing setup, SIGTERM/SIGINT, and systemd's notify socket and watchdog.
 //!
 //! Each binary keeps only its own decisions (what a hello carries, what a dead peer's requests
 //! become).
 
+pub mod auth;
 pub mod backoff;
 pub mod connect;
 mod error;

@@ -14,6 +14,11 @@ pub struct ServiceArgs {
     #[arg(long, env = "SPECULA_HEARTBEAT_INTERVAL_MS", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=60_000))]
     pub heartbeat_interval_ms: u32,
+    /// File holding the shared link secret (at least 16 bytes). With it, every ZeroMQ endpoint
+    /// of the process requires peers to prove the secret before their first frame is read;
+    /// without it, a tcp endpoint on a non-loopback address refuses to start.
+    #[arg(long, env = "SPECULA_LINK_SECRET_FILE")]
+    pub link_secret_file: Option<std::path::PathBuf>,
     /// Log format: `text`, or `json` (JSON lines on stderr).
     #[arg(long, env = "SPECULA_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

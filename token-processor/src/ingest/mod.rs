@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use link::auth::{Gate, Verdict};
 use link::service::Watchdog;
 use link::{Liveness, Sweep, Sweeper};
 use proto::worker_tp::{TpToWorker, WorkerToTp};
@@ -92,6 +93,8 @@ pub struct IngestIo {
     pub shutdown: watch::Receiver<bool>,
     /// Fed from this loop: it is the token-processor's main loop.
     pub watchdog: Watchdog,
+    /// What a worker's connection must prove before its frames are read (`link::auth`).
+    pub gate: Gate,
 }
 
 /// Runs until `shutdown` turns true (or its sender is dropped), then returns, dropping
@@ -103,6 +106,7 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
         live_workers,
         mut shutdown,
         mut watchdog,
+        mut gate,
     } = io;
     let origin = health.origin;
     let (send_half, mut recv) = router.split();
@@ -137,6 +141,16 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
                         let mut frames = msg.into_vec().into_iter();
                         let Some(routing_id) = frames.next() else { continue };
                         for frame in frames {
+                            match gate.check(&routing_id, &frame) {
+                                Verdict::Pass => {}
+                                Verdict::Reply(reply) => {
+                                    let mut msg = ZmqMessage::from(reply);
+                                    msg.push_front(routing_id.clone());
+                                    let _ = replies.try_send(msg);
+                                    continue;
+                                }
+                                Verdict::Drop => continue,
+                            }
                             match proto::decode::<WorkerToTp>(&frame) {
                                 Ok(decoded) => {
                                     if let Some(reply) = ingest.handle(decoded, clock(origin), received, &mut out) {
