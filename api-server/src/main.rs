@@ -89,7 +89,7 @@ struct Args {
     #[arg(long, env = "SPECULA_MAX_SEQUENCES_IN_FLIGHT", default_value_t = 0)]
     max_sequences_in_flight: usize,
     /// How long a request may wait for room under the admission bound before its 429.
-    #[arg(long, env = "SPECULA_ADMISSION_WAIT_MS", default_value_t = 500)]
+    #[arg(long, env = "SPECULA_ADMISSION_WAIT_MS", default_value_t = 250)]
     admission_wait_ms: u64,
     /// A request's body must arrive within this many seconds of its headers (a client that
     /// trickles its body cannot hold a connection and a handler); past it a 408.

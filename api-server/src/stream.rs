@@ -40,7 +40,7 @@ fn error_event(err: &ApiError) -> Bytes {
 /// How long a stream waits for its first output before answering 200 anyway. A refusal or a
 /// failure within it (a worker rejects at once) gets its HTTP status; a request queued longer
 /// learns now that it was admitted, and a later failure arrives as an error event.
-pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(750);
+pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(500);
 
 /// A run with its first update taken when it came within the patience (see [`first_updates`]).
 pub struct PrimedRun {

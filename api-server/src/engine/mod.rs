@@ -62,7 +62,7 @@ impl EngineConfig {
             tp_outage_window: Duration::from_secs(30),
             max_in_flight: 4096,
             admission: AdmissionBound::Auto,
-            admission_wait: Duration::from_millis(500),
+            admission_wait: Duration::from_millis(250),
             max_sequences_per_request: admission::MAX_SEQUENCES_PER_REQUEST,
             link_secret: None,
         }
