@@ -1,5 +1,5 @@
 //! Chaos: 8 clients send greedy requests without pause through the default stack while, every
-//! 2–6 s, a random fault hits a random process — SIGSTOP for 0.5–8 s then SIGCONT, `kill -9`
+//! 2–6 s, a random fault hits each process in turn — SIGSTOP for 0.5–8 s then SIGCONT, `kill -9`
 //! then restart, or SIGTERM then restart. Seeded (SPECULA_CHAOS_SEED), bounded in time
 //! (SPECULA_CHAOS_SECS, default 60).
 //!
@@ -148,7 +148,9 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     let mut faults = Vec::new();
     while started.elapsed() < chaos_for {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(2_000..6_000))).await;
-        let p = Proc::ALL[rng.gen_range(0..3)];
+        // Each process in turn (a seed's draws once skipped the token-processor for a whole
+        // run, so no replay was ever tested); what happens to it and when stays random.
+        let p = Proc::ALL[faults.len() % Proc::ALL.len()];
         let kind = rng.gen_range(0..3);
         let is_api = p == Proc::ApiServer;
         match kind {

@@ -2,7 +2,8 @@
 //! declares an absurd length (up to 2^64 − 1), and one that starts an endless multipart
 //! message. Unpatched, zeromq 0.7.0 reserved the declared length and aborted the process; with
 //! the bound in `vendor/zeromq` (PATCH.md) the connection is dropped. Every process must be
-//! alive and serving afterwards, on every endpoint.
+//! alive and serving afterwards, on every endpoint, and twenty connections that each declare a
+//! frame just under the bound (60 MiB) and send nothing more must not make it resident.
 
 mod common;
 
@@ -62,6 +63,21 @@ fn attack(addr: &str, payload: &[u8]) {
     }
 }
 
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Connections that each declare a frame just under the bound and then send nothing (what a
+/// patched decoder still accepts), held open together.
+const UNDER_THE_BOUND: usize = 20;
+/// Growth allowed per process while they are held: the declared lengths must not be resident.
+const HELD_GROWTH_KIB: u64 = 64 * 1024;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
     let stack = Stack::start(StackConfig {
@@ -91,6 +107,28 @@ async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
                 );
             }
         }
+        // Declared lengths just under the bound, many at once: reserved perhaps, never resident.
+        let before: Vec<u64> = Proc::ALL.iter().map(|p| rss_kib(stack.pid(*p))).collect();
+        let held: Vec<TcpStream> = (0..UNDER_THE_BOUND)
+            .map(|_| {
+                let mut s = TcpStream::connect(&addr).expect("connect");
+                let _ = s.write_all(&greeting());
+                let mut frame = vec![0x02];
+                frame.extend((60u64 << 20).to_be_bytes());
+                let _ = s.write_all(&frame);
+                s
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (p, before) in Proc::ALL.iter().zip(&before) {
+            let after = rss_kib(stack.pid(*p));
+            assert!(
+                after <= before + HELD_GROWTH_KIB,
+                "{p:?} RSS {before} → {after} kB with {UNDER_THE_BOUND} connections declaring \
+                 60 MiB frames on {name}"
+            );
+        }
+        drop(held);
         // Still serving: the stack as a whole, through every link.
         stack.wait_healthy(Duration::from_secs(30)).await;
         let (status, v) = complete(stack.client(), &url, &body).await;

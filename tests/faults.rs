@@ -115,22 +115,26 @@ async fn token_processor_kill9_and_restart_loses_nothing() {
     let _g = SERIAL.lock().await;
     let mut stack = Stack::start(exact_figures()).await;
     let prompts = prompts(16);
-    let max_tokens = 40;
-    let want = stack.reference_choices(&prompts, max_tokens).await;
+    // Long enough (and past EOS) that all 16 are still running when the kill lands.
+    let max_tokens = 48;
+    let want = stack
+        .reference_choices_with(&prompts, max_tokens, true)
+        .await;
     let most_steps = reference_steps(&want);
     for down_for in [
         Duration::from_millis(200),
         Duration::from_secs(2),
         Duration::from_secs(10),
     ] {
-        let streams = Streams::spawn(&stack, &prompts, max_tokens, false);
-        streams.wait_started(8).await;
+        let streams = Streams::spawn(&stack, &prompts, max_tokens, true);
+        streams.wait_started(prompts.len()).await;
         stack.signal(Proc::TokenProcessor, "KILL");
         let killed_at = Instant::now();
         let in_flight = streams.tasks.iter().filter(|t| !t.is_finished()).count();
-        assert!(
-            in_flight >= 8,
-            "requests in flight when the kill hit: {in_flight}"
+        assert_eq!(
+            in_flight,
+            prompts.len(),
+            "every request in flight when the kill hit"
         );
         stack
             .wait_exit(Proc::TokenProcessor, Duration::from_secs(5))

@@ -59,6 +59,26 @@ pub struct Heartbeat {
     pub tp_link_up: bool,
 }
 
+impl Heartbeat {
+    /// The heartbeat of an idle worker (nothing running, waiting or kept) whose link to the
+    /// token-processor is up: what tests and benchmarks send; real workers fill in the rest.
+    pub fn idle(worker_id: String, epoch: u64, next_seq: u64) -> Self {
+        Self {
+            worker_id,
+            epoch,
+            next_seq,
+            running: 0,
+            waiting: 0,
+            accepting: true,
+            retained: 0,
+            retained_bytes: 0,
+            retained_evicted: 0,
+            tp_acked_seq: 0,
+            tp_link_up: true,
+        }
+    }
+}
+
 /// Row flag: this row is the request's prefill (not a verification step).
 pub const FLAG_PREFILL: u8 = 1;
 /// Row flag: the request was preempted (recompute) in this step; the row has no tokens.

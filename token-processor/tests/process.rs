@@ -229,19 +229,7 @@ impl FakeWorker {
                 tick.tick().await;
                 let mut guard = beating.lock().await;
                 let (socket, next_seq) = &mut *guard;
-                let hb = Heartbeat {
-                    worker_id: WORKER.into(),
-                    epoch: 1,
-                    next_seq: *next_seq,
-                    running: 0,
-                    waiting: 0,
-                    accepting: true,
-                    retained: 0,
-                    retained_bytes: 0,
-                    retained_evicted: 0,
-                    tp_acked_seq: 0,
-                    tp_link_up: true,
-                };
+                let hb = Heartbeat::idle(WORKER.into(), 1, *next_seq);
                 send(socket, &WorkerToTp::Heartbeat(hb)).await;
             }
         });

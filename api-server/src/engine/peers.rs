@@ -220,17 +220,9 @@ mod tests {
 
     fn heartbeat(epoch: u64, accepting: bool) -> Heartbeat {
         Heartbeat {
-            worker_id: "w".into(),
-            epoch,
-            next_seq: 0,
             running: 1,
-            waiting: 0,
             accepting,
-            retained: 0,
-            retained_bytes: 0,
-            retained_evicted: 0,
-            tp_acked_seq: 0,
-            tp_link_up: true,
+            ..Heartbeat::idle("w".into(), epoch, 0)
         }
     }
 

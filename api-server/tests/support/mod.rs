@@ -292,19 +292,7 @@ async fn run_worker(
                     }
                     _ = tick.tick() => {
                         if let Some(identity) = &api {
-                            let hb = WorkerToApi::Heartbeat(Heartbeat {
-                                worker_id: "fake-worker".into(),
-                                epoch: 7,
-                                next_seq: 0,
-                                running: 0,
-                                waiting: 0,
-                                accepting: true,
-                                retained: 0,
-                                retained_bytes: 0,
-                                retained_evicted: 0,
-                                tp_acked_seq: 0,
-                                tp_link_up: true,
-                            });
+                            let hb = WorkerToApi::Heartbeat(Heartbeat::idle("fake-worker".into(), 7, 0));
                             let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
                         }
                     }

@@ -205,14 +205,11 @@ pub async fn prove<S: SocketSend + SocketRecv>(
     socket: &mut S,
     secret: &Secret,
 ) -> Result<(), LinkError> {
-    let failed = |reason: &str| LinkError::AuthFailed {
-        reason: reason.to_owned(),
-    };
     send(socket, &LinkAuth::Begin).await?;
     let nonce = match next_auth(socket).await? {
         LinkAuth::Challenge { nonce } => nonce,
         LinkAuth::Accepted => return Ok(()), // the peer requires no secret
-        _ => return Err(failed("unexpected answer to Begin")),
+        _ => return Err(auth_failed("unexpected answer to Begin")),
     };
     send(
         socket,
@@ -223,19 +220,21 @@ pub async fn prove<S: SocketSend + SocketRecv>(
     .await?;
     match next_auth(socket).await? {
         LinkAuth::Accepted => Ok(()),
-        _ => Err(failed("unexpected answer to the proof")),
+        _ => Err(auth_failed("unexpected answer to the proof")),
+    }
+}
+
+fn auth_failed(reason: impl std::fmt::Display) -> LinkError {
+    LinkError::AuthFailed {
+        reason: reason.to_string(),
     }
 }
 
 async fn send<S: SocketSend>(socket: &mut S, msg: &LinkAuth) -> Result<(), LinkError> {
     tokio::time::timeout(PROVE_TIMEOUT, socket.send(ZmqMessage::from(encode(msg))))
         .await
-        .map_err(|_| LinkError::AuthFailed {
-            reason: "send timed out".into(),
-        })?
-        .map_err(|e| LinkError::AuthFailed {
-            reason: e.to_string(),
-        })
+        .map_err(|_| auth_failed("send timed out"))?
+        .map_err(auth_failed)
 }
 
 async fn next_auth<S: SocketRecv>(socket: &mut S) -> Result<LinkAuth, LinkError> {
@@ -243,12 +242,8 @@ async fn next_auth<S: SocketRecv>(socket: &mut S) -> Result<LinkAuth, LinkError>
     loop {
         let msg = tokio::time::timeout_at(deadline, socket.recv())
             .await
-            .map_err(|_| LinkError::AuthFailed {
-                reason: "no answer (wrong secret, or the peer requires none it knows)".into(),
-            })?
-            .map_err(|e| LinkError::AuthFailed {
-                reason: e.to_string(),
-            })?;
+            .map_err(|_| auth_failed("no answer (a wrong secret, or none the peer knows)"))?
+            .map_err(auth_failed)?;
         if let Some(auth) = msg.iter().find_map(|f| proto::decode::<LinkAuth>(f).ok()) {
             return Ok(auth);
         }

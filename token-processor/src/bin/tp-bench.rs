@@ -259,19 +259,7 @@ async fn wait_processed(
                     "# {worker_id}: still waiting for {batches} batches after 1 s; heartbeating"
                 );
             }
-            let hb = WorkerToTp::Heartbeat(Heartbeat {
-                worker_id: worker_id.into(),
-                epoch: 1,
-                next_seq: sent as u64,
-                running: 0,
-                waiting: 0,
-                accepting: true,
-                retained: 0,
-                retained_bytes: 0,
-                retained_evicted: 0,
-                tp_acked_seq: 0,
-                tp_link_up: true,
-            });
+            let hb = WorkerToTp::Heartbeat(Heartbeat::idle(worker_id.into(), 1, sent as u64));
             push(worker, &hb).await?;
             next_heartbeat = Instant::now() + Duration::from_millis(100);
         }

@@ -152,17 +152,8 @@ fn a_heartbeat_past_our_sequence_is_a_gap() {
     let mut ingest = Ingest::new(IngestConfig::default());
     started(&mut ingest);
     let hb = Heartbeat {
-        worker_id: W.into(),
-        epoch: 1,
-        next_seq: 3,
         running: 2,
-        waiting: 0,
-        accepting: true,
-        retained: 0,
-        retained_bytes: 0,
-        retained_evicted: 0,
-        tp_acked_seq: 0,
-        tp_link_up: true,
+        ..Heartbeat::idle(W.into(), 1, 3)
     };
     let out = feed(&mut ingest, WorkerToTp::Heartbeat(hb.clone()), 3);
     assert_eq!(ingest.stats().gaps, 1);
@@ -487,19 +478,7 @@ fn reply(ingest: &mut Ingest, msg: WorkerToTp, ms: u64) -> Option<TpToWorker> {
 }
 
 fn heartbeat_of(epoch: u64, next_seq: u64) -> WorkerToTp {
-    WorkerToTp::Heartbeat(Heartbeat {
-        worker_id: W.into(),
-        epoch,
-        next_seq,
-        running: 0,
-        waiting: 0,
-        accepting: true,
-        retained: 0,
-        retained_bytes: 0,
-        retained_evicted: 0,
-        tp_acked_seq: 0,
-        tp_link_up: true,
-    })
+    WorkerToTp::Heartbeat(Heartbeat::idle(W.into(), epoch, next_seq))
 }
 
 #[test]
