@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::openai::completion_body;
+use common::rss_kib;
 use common::stack::{Proc, Stack, StackConfig};
 use futures::StreamExt;
 use serde_json::Value;
@@ -26,15 +27,6 @@ const RSS_GROWTH_KIB: [(Proc, u64); 3] = [
     (Proc::TokenProcessor, 32 * 1024),
     (Proc::EngineWorker, 64 * 1024),
 ];
-
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
 
 #[derive(Debug)]
 enum Outcome {

@@ -12,6 +12,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::openai::{complete, completion_body};
+use common::rss_kib;
 use common::stack::{Proc, Stack, StackConfig, ZMQ_ENDPOINTS};
 
 /// ZMTP 3.0 greeting, NULL mechanism, as a DEALER would send it (64 bytes).
@@ -61,15 +62,6 @@ fn attack(addr: &str, payload: &[u8]) {
             break;
         }
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Connections that each declare a frame just under the bound and then send nothing (what a

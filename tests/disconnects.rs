@@ -11,14 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::openai::{completion_body, stream};
 use common::stack::{metric_sum, Proc, Stack, StackConfig};
-use common::wait_until;
+use common::{rss_kib, wait_until};
 use serde_json::Value;
-
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
 
 /// The api-server's `/health` body (Null when it cannot be read).
 async fn api_health(stack: &Stack) -> Value {
