@@ -51,10 +51,19 @@ impl BodyLimits {
             return work();
         }
         let _permit = self.heavy.acquire().await.map_err(|_| ApiError::Internal)?;
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|_| ApiError::Internal)?
+        on_blocking_pool(work).await
     }
+}
+
+/// Runs `work` on the blocking pool (a panic in it is an internal error).
+async fn on_blocking_pool<T, F>(work: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ApiError::Internal)?
 }
 
 /// How long an oversized body is read and thrown away before its 413 (see [`discard`]).
@@ -156,9 +165,7 @@ pub async fn read_json<T: DeserializeOwned + Send + 'static>(
         .map_err(|_| ApiError::BodyTooLarge { limit })?;
     let heavy = bytes.len() > HEAVY_BODY_BYTES;
     let value = if heavy {
-        tokio::task::spawn_blocking(move || parse(&bytes))
-            .await
-            .map_err(|_| ApiError::Internal)??
+        on_blocking_pool(move || parse(&bytes)).await?
     } else {
         parse(&bytes)?
     };

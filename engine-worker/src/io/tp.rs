@@ -107,32 +107,32 @@ async fn send(socket: &mut DealerSendHalf, msg: &WorkerToTp, timeout: Duration) 
 }
 
 /// What one message from the token-processor asks of the link.
-enum Heard {
+enum TpAsks {
     Nothing,
     /// Say hello and resync.
     Hello,
 }
 
 /// Applies a message from the token-processor: any message proves it alive.
-fn on_tp_message(frame: &[u8], status: &WorkerStatus, tp: &mut PeerClock, now: Instant) -> Heard {
+fn on_tp_message(frame: &[u8], status: &WorkerStatus, tp: &mut PeerClock, now: Instant) -> TpAsks {
     let msg = match proto::decode::<TpToWorker>(frame) {
         Ok(msg) => msg,
         Err(e) => {
             tracing::warn!(error = %e, bytes = frame.len(), "dropping malformed token-processor frame");
-            return Heard::Nothing;
+            return TpAsks::Nothing;
         }
     };
     tp.hello(now);
     match msg {
         TpToWorker::Ack { epoch, next_seq } if epoch == status.epoch => {
             status.set_tp_acked(next_seq);
-            Heard::Nothing
+            TpAsks::Nothing
         }
-        TpToWorker::Ack { .. } => Heard::Nothing,
-        TpToWorker::AskHello => Heard::Hello,
+        TpToWorker::Ack { .. } => TpAsks::Nothing,
+        TpToWorker::AskHello => TpAsks::Hello,
         TpToWorker::Refused { reason } => {
             tracing::error!(%reason, "the token-processor refused our hello; it asks again while it does not take us");
-            Heard::Nothing
+            TpAsks::Nothing
         }
     }
 }
@@ -218,7 +218,7 @@ async fn serve_connection(
                 let now = Instant::now();
                 let mut say_hello = false;
                 for frame in msg.iter() {
-                    say_hello |= matches!(on_tp_message(frame, status, &mut tp, now), Heard::Hello);
+                    say_hello |= matches!(on_tp_message(frame, status, &mut tp, now), TpAsks::Hello);
                 }
                 if say_hello && now.duration_since(last_hello) >= cfg.heartbeat_interval {
                     tracing::info!("the token-processor does not know us; hello and resync");
