@@ -17,13 +17,24 @@ use std::time::{Duration, Instant};
 
 use common::openai::{complete, completion_body};
 use common::stack::{metric_sum, Proc, Stack, StackConfig};
+use common::timing::{detection_bound, exit_after_drain, PATIENCE, RECOVERY};
 use common::wait_until;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-/// Longer than any fault (8 s) plus the stall timeout the test gives the api-server (10 s) and
-/// the drains (3 s): a request still open after this hung.
-const HUNG_AFTER: Duration = Duration::from_secs(30);
+/// The longest pause the chaos draws.
+const LONGEST_PAUSE: Duration = Duration::from_secs(8);
+/// The drain deadlines (worker and api-server), the api-server's stall timeout and its
+/// token-processor outage window, as this test configures them.
+const DRAIN: Duration = Duration::from_secs(3);
+const STALL: Duration = Duration::from_secs(10);
+const OUTAGE: Duration = Duration::from_secs(10);
+
+/// A request still open after this hung: it sat through the longest pause, a death detected,
+/// the outage window, the stall timeout and a drain, one after the other.
+fn hung_after() -> Duration {
+    LONGEST_PAUSE + detection_bound() + OUTAGE + STALL + DRAIN
+}
 
 #[derive(Debug, Default)]
 struct Counts {
@@ -49,16 +60,18 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
             .unwrap_or(60),
     );
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let secs = |d: Duration| d.as_secs().to_string();
     let mut stack = Stack::start(StackConfig {
-        worker_args: vec!["--drain-timeout-secs".into(), "3".into()],
+        worker_args: vec!["--drain-timeout-secs".into(), secs(DRAIN)],
         api_args: vec![
             "--shutdown-grace-secs".into(),
-            "3".into(),
+            secs(DRAIN),
             "--stall-timeout-secs".into(),
-            "10".into(),
-            // Requests wait out a token-processor fault (at most 8 s) and are replayed.
+            secs(STALL),
+            // Requests wait out a token-processor fault (at most the longest pause) and are
+            // replayed.
             "--tp-outage-window-secs".into(),
-            "10".into(),
+            secs(OUTAGE),
         ],
         ..StackConfig::default()
     })
@@ -76,7 +89,7 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     let api_down = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let http = reqwest::Client::builder()
-        .timeout(HUNG_AFTER)
+        .timeout(hung_after())
         .build()
         .unwrap();
     let clients: Vec<_> = (0..8)
@@ -155,7 +168,8 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
         let is_api = p == Proc::ApiServer;
         match kind {
             0 => {
-                let pause = Duration::from_millis(rng.gen_range(500..8_000));
+                let pause =
+                    Duration::from_millis(rng.gen_range(500..LONGEST_PAUSE.as_millis() as u64));
                 stack.signal(p, "STOP");
                 tokio::time::sleep(pause).await;
                 stack.signal(p, "CONT");
@@ -167,23 +181,23 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
                     api_down.store(true, Ordering::SeqCst);
                 }
                 stack.signal(p, sig);
-                let code = stack.wait_exit(p, Duration::from_secs(30)).await;
+                let code = stack.wait_exit(p, exit_after_drain(DRAIN)).await;
                 if sig == "TERM" {
                     assert_eq!(code, Some(0), "{p:?} exits 0 on SIGTERM");
                 }
                 stack.spawn(p);
-                stack.wait_healthy(Duration::from_secs(60)).await;
+                stack.wait_healthy(PATIENCE).await;
                 api_down.store(false, Ordering::SeqCst);
                 faults.push(format!("{p:?} {sig} + restart"));
             }
         }
     }
 
-    // After the last fault: healthy again, then a request succeeds within 3 s.
-    stack.wait_healthy(Duration::from_secs(60)).await;
+    // After the last fault: healthy again, then a request succeeds within RECOVERY.
+    stack.wait_healthy(PATIENCE).await;
     let healthy = Instant::now();
     let mut recovered = None;
-    while healthy.elapsed() < Duration::from_secs(3) {
+    while healthy.elapsed() < RECOVERY {
         let (status, _) = complete(
             stack.client(),
             &stack.api("/v1/completions"),
@@ -197,7 +211,7 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     }
     stop.store(true, Ordering::SeqCst);
     for c in clients {
-        tokio::time::timeout(HUNG_AFTER + Duration::from_secs(5), c)
+        tokio::time::timeout(hung_after() + detection_bound(), c)
             .await
             .expect("a client hung")
             .unwrap();
@@ -215,7 +229,7 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     );
     assert!(
         recovered.is_some(),
-        "no request succeeded within 3 s of the stack being healthy after the last fault"
+        "no request succeeded within {RECOVERY:?} of the stack being healthy after the last fault"
     );
     assert_eq!(counts.hung, 0, "requests hung");
     assert!(counts.wrong_text.is_empty(), "{:?}", counts.wrong_text);
@@ -223,23 +237,19 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     assert!(counts.exact > 0 && !faults.is_empty());
 
     // No per-request state left anywhere.
-    wait_until(
-        Duration::from_secs(60),
-        "every per-request map to empty",
-        || async {
-            let health: Value = match stack.client().get(stack.api("/health")).send().await {
-                Ok(r) => r.json().await.unwrap_or(Value::Null),
-                Err(_) => Value::Null,
-            };
-            let worker_load: u64 = health["workers"].as_array().map_or(u64::MAX, |w| {
-                w.iter()
-                    .filter_map(|w| w["running_and_waiting"].as_u64())
-                    .sum()
-            });
-            health["in_flight"] == 0
-                && worker_load == 0
-                && metric_sum(&stack.metrics_text().await, "specula_requests_running") == 0.0
-        },
-    )
+    wait_until(PATIENCE, "every per-request map to empty", || async {
+        let health: Value = match stack.client().get(stack.api("/health")).send().await {
+            Ok(r) => r.json().await.unwrap_or(Value::Null),
+            Err(_) => Value::Null,
+        };
+        let worker_load: u64 = health["workers"].as_array().map_or(u64::MAX, |w| {
+            w.iter()
+                .filter_map(|w| w["running_and_waiting"].as_u64())
+                .sum()
+        });
+        health["in_flight"] == 0
+            && worker_load == 0
+            && metric_sum(&stack.metrics_text().await, "specula_requests_running") == 0.0
+    })
     .await;
 }

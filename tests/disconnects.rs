@@ -7,10 +7,11 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::openai::{completion_body, stream};
 use common::stack::{metric_sum, Proc, Stack, StackConfig};
+use common::timing::PATIENCE;
 use common::{rss_kib, wait_until};
 use serde_json::Value;
 
@@ -76,16 +77,14 @@ async fn disconnect_wave(stack: &Stack, n: usize, concurrency: usize) -> usize {
 }
 
 async fn wait_drained(stack: &Stack) {
-    wait_until(
-        Duration::from_secs(60),
-        "every per-request map to empty",
-        || async { in_flight(stack).await == (0, 0, 0) },
-    )
+    wait_until(PATIENCE, "every per-request map to empty", || async {
+        in_flight(stack).await == (0, 0, 0)
+    })
     .await;
     // The api-server hands freed heap back once it is idle (not while requests run): RSS is
     // read after that.
     wait_until(
-        Duration::from_secs(10),
+        PATIENCE,
         "the api-server to trim its heap after the last request",
         || async { api_health(stack).await["idle_heap_trimmed"] == Value::Bool(true) },
     )

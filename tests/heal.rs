@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use common::openai::{complete, completion_body};
 use common::stack::{Proc, Stack, StackConfig};
+use common::timing::{
+    detection_bound, exit_after_drain, exit_after_kill, pause_past_the_window, PATIENCE, RECOVERY,
+};
 use common::{binary, default_model};
 use serde_json::{json, Value};
 
 /// One stack at a time: the tests measure timings on a 2-core machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// How long after SIGCONT a request must succeed (the bound).
-const RECOVERY: Duration = Duration::from_secs(3);
 
 /// Sends small greedy completions until one succeeds; returns how long it took, or the last
 /// answer when none succeeded within `bound`.
@@ -48,13 +48,16 @@ async fn a_3s_pause_of_each_process_then_a_request_succeeds_within_3s() {
     let stack = Stack::start(StackConfig::default()).await;
     for p in [Proc::ApiServer, Proc::TokenProcessor, Proc::EngineWorker] {
         stack.signal(p, "STOP");
-        // The fault itself: a pause longer than every liveness window (1.5 s).
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The fault itself: a pause that every peer takes for a death.
+        tokio::time::sleep(pause_past_the_window()).await;
         stack.signal(p, "CONT");
         match first_success_within(&stack, RECOVERY).await {
-            Ok(took) => eprintln!("{p:?} paused 3 s: serving again {took:?} after SIGCONT"),
+            Ok(took) => eprintln!(
+                "{p:?} paused {:?}: serving again {took:?} after SIGCONT",
+                pause_past_the_window()
+            ),
             Err(last) => panic!(
-                "{p:?} paused 3 s: no request succeeded within {RECOVERY:?} of SIGCONT; last answer: {last}"
+                "{p:?} paused: no request succeeded within {RECOVERY:?} of SIGCONT; last answer: {last}"
             ),
         }
     }
@@ -110,7 +113,7 @@ async fn chat_without_max_tokens_uses_the_workers_context_length() {
 #[tokio::test]
 async fn a_worker_with_k_above_the_limit_refuses_to_start_and_says_why() {
     let out = tokio::time::timeout(
-        Duration::from_secs(60),
+        PATIENCE,
         tokio::process::Command::new(binary("engine-worker"))
             .args(["--model", &default_model().display().to_string()])
             .args(["--num-spec-tokens", "65"])
@@ -138,23 +141,21 @@ async fn health_names_what_keeps_a_request_from_completing() {
 
     // The worker gone: not healthy, and the reason names the worker.
     stack.signal(Proc::EngineWorker, "KILL");
-    stack
-        .wait_exit(Proc::EngineWorker, Duration::from_secs(5))
-        .await;
+    stack.wait_exit(Proc::EngineWorker, exit_after_kill()).await;
     let reason = wait_unhealthy(&stack).await;
     assert!(reason.contains("engine-worker"), "{reason}");
     stack.spawn(Proc::EngineWorker);
-    stack.wait_healthy(Duration::from_secs(60)).await;
+    stack.wait_healthy(PATIENCE).await;
 
     // The token-processor gone: not healthy, and the reason names it.
     stack.signal(Proc::TokenProcessor, "KILL");
     stack
-        .wait_exit(Proc::TokenProcessor, Duration::from_secs(5))
+        .wait_exit(Proc::TokenProcessor, exit_after_kill())
         .await;
     let reason = wait_unhealthy(&stack).await;
     assert!(reason.contains("token-processor"), "{reason}");
     stack.spawn(Proc::TokenProcessor);
-    stack.wait_healthy(Duration::from_secs(60)).await;
+    stack.wait_healthy(PATIENCE).await;
     assert!(first_success_within(&stack, RECOVERY).await.is_ok());
 }
 
@@ -164,10 +165,10 @@ async fn get_json(stack: &Stack, path: &str) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// Waits (bounded by the liveness window and margin) for the api-server's /health to turn 503;
+/// Waits (bounded by the detection of a death) for the api-server's /health to turn 503;
 /// returns its reason.
 async fn wait_unhealthy(stack: &Stack) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + detection_bound();
     loop {
         let (status, body) = get_json(stack, "/health").await;
         if status == 503 {
@@ -258,7 +259,7 @@ async fn a_second_process_with_a_live_ones_id_is_refused_and_the_first_keeps_ser
         ],
     );
     let second_health = format!("http://127.0.0.1:{port}/health");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     let refused_api = loop {
         let metrics = stack.metrics_text().await;
         let counted =
@@ -288,16 +289,15 @@ async fn a_second_process_with_a_live_ones_id_is_refused_and_the_first_keeps_ser
         "the token-processor names the refused worker"
     );
     // The first of each keeps serving.
-    assert!(first_success_within(&stack, Duration::from_secs(10))
-        .await
-        .is_ok());
+    assert!(first_success_within(&stack, PATIENCE).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_workers_drain_deadline_ends_a_stream_with_an_explicit_error() {
     let _g = SERIAL.lock().await;
+    let drain = Duration::from_secs(1);
     let mut stack = Stack::start(StackConfig {
-        worker_args: vec!["--drain-timeout-secs".into(), "1".into()],
+        worker_args: vec!["--drain-timeout-secs".into(), drain.as_secs().to_string()],
         ..StackConfig::default()
     })
     .await;
@@ -317,7 +317,7 @@ async fn the_workers_drain_deadline_ends_a_stream_with_an_explicit_error() {
     });
     started_rx.await.expect("the stream started");
     stack.signal(Proc::EngineWorker, "TERM");
-    let s = tokio::time::timeout(Duration::from_secs(20), task)
+    let s = tokio::time::timeout(exit_after_drain(drain), task)
         .await
         .expect("the stream ends soon after the drain deadline")
         .unwrap();
@@ -335,7 +335,7 @@ async fn the_workers_drain_deadline_ends_a_stream_with_an_explicit_error() {
     assert_ne!(s.finish_reason.as_deref(), Some("abort"), "{s:?}");
     assert_eq!(
         stack
-            .wait_exit(Proc::EngineWorker, Duration::from_secs(20))
+            .wait_exit(Proc::EngineWorker, exit_after_drain(drain))
             .await,
         Some(0)
     );

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::openai::{complete, completion_body};
 use common::stack::{Stack, StackConfig};
+use common::timing;
 use link::auth::Secret;
 use proto::api_worker::{ApiHello, ApiToWorker, WorkerToApi};
 use proto::auth::LinkAuth;
@@ -71,7 +72,8 @@ async fn only_peers_that_prove_the_secret_are_heard() {
     let (status, v) = complete(stack.client(), &url, &completion_body("Count:", 4, false)).await;
     assert_eq!(status, 200, "{v}");
 
-    let quiet = Duration::from_secs(2);
+    // A peer that answers a hello does so within a heartbeat round and a liveness window.
+    let quiet = timing::liveness().window() + timing::liveness().interval;
     let worker = stack.endpoint("worker-0");
     // No secret: the hello is dropped, nothing comes back.
     let mut s = stranger(&worker).await;
@@ -122,7 +124,7 @@ async fn only_peers_that_prove_the_secret_are_heard() {
     link::auth::prove(&mut ok, &secret).await.expect("proved");
     send(&mut ok, api_hello(LIVE_API_ID)).await;
     let mut refused = false;
-    while let Some(frame) = next(&mut ok, Duration::from_secs(5)).await {
+    while let Some(frame) = next(&mut ok, timing::detection_bound()).await {
         if let Ok(WorkerToApi::Refused { reason }) = proto::decode::<WorkerToApi>(&frame) {
             assert!(reason.contains(LIVE_API_ID), "{reason}");
             refused = true;
@@ -133,7 +135,7 @@ async fn only_peers_that_prove_the_secret_are_heard() {
     // And with an id of its own it is answered with the worker's hello.
     send(&mut ok, api_hello("api-other")).await;
     let mut answered = false;
-    while let Some(frame) = next(&mut ok, Duration::from_secs(5)).await {
+    while let Some(frame) = next(&mut ok, timing::detection_bound()).await {
         if matches!(
             proto::decode::<WorkerToApi>(&frame),
             Ok(WorkerToApi::Hello(_))

@@ -21,6 +21,9 @@ use zeromq::{DealerSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMess
 /// The worker's heartbeat interval: the default, so silence is 1.5 s, far above how long a
 /// saturated 2-core machine delays the worker's I/O thread (100 ms made it abort live requests).
 const HEARTBEAT_MS: u64 = 500;
+/// How long the worker may go unscheduled while it saturates both cores of a 2-core machine: the
+/// margin every bound adds.
+const SLACK: Duration = Duration::from_secs(3);
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -311,7 +314,7 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     let mut hello_again = None;
     while hello_again.is_none() {
         assert!(
-            stalled_at.elapsed() < 2 * window + Duration::from_secs(3),
+            stalled_at.elapsed() < 2 * window + SLACK,
             "no reconnect after the acknowledgements stopped"
         );
         tokio::select! {

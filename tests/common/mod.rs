@@ -5,6 +5,7 @@
 
 pub mod openai;
 pub mod stack;
+pub mod timing;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::timing::{self, DRAIN_DEADLINE, TP_FLUSH_DEADLINE, TP_OUTAGE_WINDOW};
 use super::{binary, default_model, free_port, wait_until};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +23,14 @@ impl Proc {
             Proc::TokenProcessor => "token-processor",
             Proc::EngineWorker => "engine-worker",
             Proc::ApiServer => "api-server",
+        }
+    }
+
+    /// How long the process may drain on SIGTERM before it exits anyway (as the stack starts it).
+    pub fn drain_deadline(self) -> Duration {
+        match self {
+            Proc::TokenProcessor => TP_FLUSH_DEADLINE,
+            Proc::EngineWorker | Proc::ApiServer => DRAIN_DEADLINE,
         }
     }
 }
@@ -151,7 +160,23 @@ impl Stack {
                     .args(&self.config.api_args);
             }
         }
+        // The settings the tests derive their bounds from (`timing`), stated rather than left to
+        // each binary's defaults, unless the test passes its own.
+        for (flag, value) in timing_settings(p) {
+            if !self.own_args(p).iter().any(|a| a == flag) {
+                cmd.args([flag, &value]);
+            }
+        }
         self.children[Self::index(p)] = Some(cmd.spawn().unwrap());
+    }
+
+    /// The test's extra arguments for `p`.
+    fn own_args(&self, p: Proc) -> &[String] {
+        match p {
+            Proc::TokenProcessor => &self.config.tp_args,
+            Proc::EngineWorker => &self.config.worker_args,
+            Proc::ApiServer => &self.config.api_args,
+        }
     }
 
     pub fn pid(&self, p: Proc) -> u32 {
@@ -312,6 +337,24 @@ impl Drop for Stack {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The `timing` settings each process is started with: (flag, value).
+fn timing_settings(p: Proc) -> Vec<(&'static str, String)> {
+    let secs = |d: Duration| d.as_secs().to_string();
+    let mut settings = vec![("--heartbeat-interval-ms", timing::heartbeat_arg())];
+    settings.extend(match p {
+        Proc::TokenProcessor => vec![(
+            "--shutdown-timeout-ms",
+            TP_FLUSH_DEADLINE.as_millis().to_string(),
+        )],
+        Proc::EngineWorker => vec![("--drain-timeout-secs", secs(DRAIN_DEADLINE))],
+        Proc::ApiServer => vec![
+            ("--tp-outage-window-secs", secs(TP_OUTAGE_WINDOW)),
+            ("--shutdown-grace-secs", secs(DRAIN_DEADLINE)),
+        ],
+    });
+    settings
 }
 
 /// Sum of a Prometheus counter's samples (all label sets) in an exposition text.

@@ -20,6 +20,16 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 const WORKER: &str = "w-test";
 const HEARTBEAT_MS: u32 = 200;
 
+/// How long a process may go unscheduled on a loaded 2-core machine: the margin every bound adds.
+const SLACK: Duration = Duration::from_secs(3);
+
+/// From a fake worker's silence to the token-processor acting on it and a test seeing it: the
+/// liveness window, a heartbeat, slack.
+fn detection_bound() -> Duration {
+    let rule = link::Liveness::new(Duration::from_millis(u64::from(HEARTBEAT_MS)));
+    rule.window() + rule.interval + SLACK
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -147,9 +157,16 @@ impl FakeApi {
 
     /// The next `Outputs` message this api-server receives.
     async fn next_outputs(&mut self) -> Vec<RequestOutput> {
-        tokio::time::timeout(Duration::from_secs(5), self.outputs.recv())
+        // Outputs follow a batch at once, or a worker's death once it is detected.
+        tokio::time::timeout(detection_bound(), self.outputs.recv())
             .await
-            .unwrap_or_else(|_| panic!("no outputs for {} within 5 s", self.name))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no outputs for {} within {:?}",
+                    self.name,
+                    detection_bound()
+                )
+            })
             .expect("fake api-server task ended")
     }
 }
@@ -248,12 +265,14 @@ impl FakeWorker {
     /// Waits until the token-processor acknowledges every batch below `seq` (its answers to
     /// our heartbeats); the lock is taken per attempt so heartbeats go on meanwhile.
     async fn acked_through(&self, seq: u64) -> TpToWorker {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // An acknowledgement answers our next heartbeat.
+        let deadline = tokio::time::Instant::now() + detection_bound();
         loop {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "no acknowledgement of batch {} within 5 s",
-                seq.saturating_sub(1)
+                "no acknowledgement of batch {} within {:?}",
+                seq.saturating_sub(1),
+                detection_bound()
             );
             let mut guard = self.link.lock().await;
             let recv = tokio::time::timeout(Duration::from_millis(20), guard.0.recv()).await;
@@ -528,7 +547,7 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         lost[0].error.as_ref().unwrap().kind,
         OutputErrorKind::WorkerLost
     );
-    let body = wait_health(http_port, 503, Duration::from_secs(5)).await;
+    let body = wait_health(http_port, 503, detection_bound()).await;
     assert!(body.contains("no engine-worker"), "{body}");
 
     // SIGTERM: exits 0 within the bound.

@@ -27,6 +27,20 @@ use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 /// hundred milliseconds does not kill a peer; the tests' bounds are seconds past it.
 pub const INTERVAL: Duration = Duration::from_millis(200);
 
+/// The api-server's stall timeout and token-processor outage window under test.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(1);
+pub const TP_OUTAGE_WINDOW: Duration = Duration::from_secs(1);
+
+/// How long a test runtime may go unscheduled on a loaded 2-core machine: the one margin every
+/// bound adds, and the wait for what happens at once (an abort after a disconnect).
+pub const SLACK: Duration = Duration::from_secs(3);
+
+/// From a fake peer's death to the api-server acting on it: the liveness window, a heartbeat,
+/// slack.
+pub fn detection_bound() -> Duration {
+    link::Liveness::new(INTERVAL).window() + INTERVAL + SLACK
+}
+
 pub fn model_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
@@ -66,8 +80,8 @@ pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
 pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> EngineConfig {
     let mut cfg = EngineConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
     cfg.liveness = link::Liveness::new(INTERVAL);
-    cfg.stall_timeout = Duration::from_secs(1);
-    cfg.tp_outage_window = Duration::from_secs(1);
+    cfg.stall_timeout = STALL_TIMEOUT;
+    cfg.tp_outage_window = TP_OUTAGE_WINDOW;
     cfg
 }
 
@@ -444,7 +458,7 @@ pub async fn serve(engine: &FakeEngine, timeout: Duration) -> (String, EngineCli
         let _ = axum::serve(listener, app).await;
     });
     let base = format!("http://{addr}");
-    wait_until(Duration::from_secs(10), "api-server healthy", || {
+    wait_until(detection_bound(), "api-server healthy", || {
         let url = format!("{base}/health");
         async move {
             reqwest::get(&url)
