@@ -50,6 +50,10 @@ struct Args {
     /// Comma list of proposers for K > 0: ngram, suffix.
     #[arg(long, default_value = "ngram", value_delimiter = ',')]
     proposers: Vec<String>,
+    /// Untimed rounds of the same requests on the same engine before the timed one: the timed
+    /// requests repeat earlier ones (what the suffix proposer's shared trie is for).
+    #[arg(long, default_value_t = 0)]
+    warm_rounds: u64,
     /// Comma list of prompts to run: repetitive, free-form.
     #[arg(long, default_value = "repetitive,free-form", value_delimiter = ',')]
     prompts: Vec<String>,
@@ -88,6 +92,33 @@ struct Run {
     mean_accept_len: f64,
 }
 
+/// Queues `streams` greedy requests for `prompt`, ids from `first_id`.
+fn add_requests<B: engine_worker::backend::Backend>(
+    engine: &mut Engine<B>,
+    prompt: &[u32],
+    streams: usize,
+    first_id: u64,
+    tokens: u32,
+) -> anyhow::Result<()> {
+    for id in first_id..first_id + streams as u64 {
+        engine
+            .add_request(AddRequest {
+                id,
+                prompt_token_ids: prompt.to_vec(),
+                sampling: SamplingParams::GREEDY,
+                stop: StopConditions {
+                    ignore_eos: true,
+                    ..StopConditions::default()
+                },
+                max_tokens: tokens,
+                arrival_unix_ms: 0,
+                owner: "bench".into(),
+            })
+            .map_err(|r| anyhow::anyhow!("rejected: {r:?}"))?;
+    }
+    Ok(())
+}
+
 fn bench(
     model: &Model,
     prompt: &[u32],
@@ -111,22 +142,14 @@ fn bench(
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(backend, cfg, vocab);
-    for id in 0..streams as u64 {
-        engine
-            .add_request(AddRequest {
-                id,
-                prompt_token_ids: prompt.to_vec(),
-                sampling: SamplingParams::GREEDY,
-                stop: StopConditions {
-                    ignore_eos: true,
-                    ..StopConditions::default()
-                },
-                max_tokens: tokens,
-                arrival_unix_ms: 0,
-                owner: "bench".into(),
-            })
-            .map_err(|r| anyhow::anyhow!("rejected: {r:?}"))?;
+    for round in 0..args.warm_rounds {
+        add_requests(&mut engine, prompt, streams, round * streams as u64, tokens)?;
+        while engine.has_work() {
+            engine.step();
+        }
     }
+    let first_id = args.warm_rounds * streams as u64;
+    add_requests(&mut engine, prompt, streams, first_id, tokens)?;
     let start = Instant::now();
     let mut decode_start = None;
     let (mut decode_tokens, mut all_tokens, mut steps, mut produced) =
