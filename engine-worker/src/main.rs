@@ -9,13 +9,13 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
-use engine_worker::engine::{Engine, EngineConfig, RetainBounds, TokenBytes};
+use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds, TokenBytes};
 use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig, ApiLinkSettings};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, WeightType};
-use engine_worker::spec::SpecPolicy;
+use engine_worker::spec::{SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
 use link::service;
 use proto::worker_tp::MAX_SPEC_TOKENS;
@@ -38,6 +38,32 @@ enum SpecPolicyArg {
     Goodput,
     /// Every proposed token up to K, whatever the load (experiments).
     Fixed,
+}
+
+/// `--proposer`: where draft tokens come from.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ProposerArg {
+    /// Prompt lookup: what followed the latest earlier occurrence of the last n tokens.
+    Ngram,
+    /// SuffixDecoding: the most frequent continuation of the longest matching suffix, in a
+    /// suffix trie of the request's tokens and one of recent requests' outputs.
+    Suffix,
+}
+
+impl ProposerArg {
+    fn kind(self) -> ProposerKind {
+        match self {
+            ProposerArg::Ngram => ProposerKind::Ngram,
+            ProposerArg::Suffix => ProposerKind::Suffix,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ProposerArg::Ngram => "ngram",
+            ProposerArg::Suffix => "suffix",
+        }
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -74,12 +100,26 @@ struct Args {
         default_value = "goodput"
     )]
     spec_policy: SpecPolicyArg,
+    /// Draft proposer: `ngram` (prompt lookup) or `suffix` (suffix trees over the request and
+    /// recent outputs, so answers repeated across requests are drafted too).
+    #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = "ngram")]
+    proposer: ProposerArg,
     /// Shortest suffix the n-gram proposer matches.
     #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]
     ngram_min: usize,
     /// Longest suffix the n-gram proposer matches (tried first).
     #[arg(long, env = "SPECULA_NGRAM_MAX", default_value_t = 4)]
     ngram_max: usize,
+    /// Suffix proposer: longest string its tries hold (matched suffix plus draft), at least 2.
+    #[arg(long, env = "SPECULA_SUFFIX_MAX_DEPTH",
+          default_value_t = SuffixConfig::default().max_depth as u64,
+          value_parser = clap::value_parser!(u64).range(2..=256))]
+    suffix_max_depth: u64,
+    /// Suffix proposer: finished outputs kept in its global trie (0: each request drafts from
+    /// its own tokens only).
+    #[arg(long, env = "SPECULA_SUFFIX_CACHE_OUTPUTS",
+          default_value_t = SuffixConfig::default().max_cached_outputs)]
+    suffix_cache_outputs: usize,
     /// Most sequences running at once.
     #[arg(long, env = "SPECULA_MAX_NUM_SEQS", default_value_t = 16)]
     max_num_seqs: usize,
@@ -190,7 +230,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         .unwrap_or("model")
         .to_owned();
     let proposer = if args.num_spec_tokens > 0 {
-        "ngram"
+        args.proposer.name()
     } else {
         "none"
     };
@@ -366,8 +406,13 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
             SpecPolicyArg::Goodput => SpecPolicy::Goodput,
             SpecPolicyArg::Fixed => SpecPolicy::Fixed,
         },
+        proposer: args.proposer.kind(),
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
+        suffix: SuffixConfig {
+            max_depth: args.suffix_max_depth as usize,
+            max_cached_outputs: args.suffix_cache_outputs,
+        },
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_model_len: args.max_model_len,

@@ -1,7 +1,8 @@
 //! Speculative decoding on the real default model (SmolLM2-135M-Instruct Q4_1, CPU backend):
 //! greedy with K=4 n-gram drafts gives exactly the tokens of greedy without speculation, on the
 //! golden prompts and 20 more, at batch sizes 1 and 8; a request's tokens and (drafted,
-//! accepted) sequence do not depend on the batch; seeded sampling is reproducible.
+//! accepted) sequence do not depend on the batch; seeded sampling is reproducible. Suffix-tree
+//! drafts are lossless too.
 
 mod common;
 
@@ -44,6 +45,16 @@ fn engine_with(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuB
     let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;
+    Engine::new(backend, cfg, vocab)
+}
+
+fn engine_with_suffix(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
+    let model = model();
+    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
+    let mut cfg = engine_config(k, max_num_seqs);
+    cfg.spec_policy = policy;
+    cfg.proposer = ProposerKind::Suffix;
     Engine::new(backend, cfg, vocab)
 }
 
@@ -133,6 +144,36 @@ fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
         .map(|s| s.1 as usize)
         .sum();
     assert!(accepted > 0, "n-gram drafts should be accepted somewhere");
+}
+
+/// The suffix proposer: every proposed draft verified (fixed policy) at batch 8, and the goodput
+/// policy for a lone stream, give plain greedy's tokens; the golden prompts run twice, so the
+/// second time the shared trie holds their first answers.
+#[test]
+fn greedy_with_suffix_drafts_matches_plain_greedy() {
+    let mut reqs: Vec<_> = prompts()
+        .into_iter()
+        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
+        .collect();
+    reqs.extend(reqs[..4].to_vec());
+    let suffix = |max_num_seqs, policy| {
+        let e = engine_with_suffix(4, max_num_seqs, policy);
+        assert_eq!(e.proposer_name(), "suffix");
+        e
+    };
+    let plain = run(&mut engine(0, 8), &reqs);
+    let fixed_b8 = run(&mut suffix(8, SpecPolicy::Fixed), &reqs);
+    let goodput_b1 = run(&mut suffix(1, SpecPolicy::Goodput), &reqs);
+    for i in 0..reqs.len() {
+        assert_eq!(fixed_b8[i].tokens, plain[i].tokens, "prompt {i}: batch 8");
+        assert_eq!(goodput_b1[i].tokens, plain[i].tokens, "prompt {i}: batch 1");
+    }
+    let accepted: usize = fixed_b8
+        .iter()
+        .flat_map(|o| &o.steps)
+        .map(|s| s.1 as usize)
+        .sum();
+    assert!(accepted > 0, "suffix drafts should be accepted somewhere");
 }
 
 #[test]

@@ -40,9 +40,17 @@ fn run_with(
     num_blocks: usize,
     reqs: &[(Vec<u32>, u32, SamplingParams)],
 ) -> (Vec<Outcome>, usize) {
-    let backend = ToyBackend::new(VOCAB, vec![0], num_blocks, 4);
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;
+    run_cfg(cfg, num_blocks, reqs)
+}
+
+fn run_cfg(
+    cfg: engine_worker::engine::EngineConfig,
+    num_blocks: usize,
+    reqs: &[(Vec<u32>, u32, SamplingParams)],
+) -> (Vec<Outcome>, usize) {
+    let backend = ToyBackend::new(VOCAB, vec![0], num_blocks, 4);
     let mut engine = Engine::new(backend, cfg, None);
     let mut outcomes = HashMap::new();
     for (i, (prompt, max_tokens, sampling)) in reqs.iter().enumerate() {
@@ -115,6 +123,48 @@ fn the_goodput_policy_keeps_greedy_output_exact_also_under_preemption() {
         assert_eq!(tight[i].tokens, plain[i].tokens, "request {i} (preempted)");
         assert!(roomy[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
     }
+}
+
+/// The suffix proposer, with each policy, at batch 1 and 16, and under preemption (its
+/// per-request tries must follow sequences that are recomputed, and its shared trie fills with
+/// finished outputs as the run goes).
+#[test]
+fn the_suffix_proposer_keeps_greedy_output_exact() {
+    let mut reqs = greedy_reqs(16, 21);
+    // Requests that repeat an earlier one, so the shared trie drafts.
+    reqs.extend(reqs[..4].to_vec());
+    let (plain, _) = run(0, 16, 4096, &reqs);
+    let suffix = |policy, max_num_seqs, num_blocks| {
+        let mut cfg = engine_config(4, max_num_seqs);
+        cfg.spec_policy = policy;
+        cfg.proposer = ProposerKind::Suffix;
+        run_cfg(cfg, num_blocks, &reqs)
+    };
+    let (fixed_b1, _) = suffix(SpecPolicy::Fixed, 1, 4096);
+    let (fixed_b16, _) = suffix(SpecPolicy::Fixed, 16, 4096);
+    let (goodput, _) = suffix(SpecPolicy::Goodput, 16, 4096);
+    let (tight, preemptions) = suffix(SpecPolicy::Goodput, 16, 40);
+    assert!(preemptions > 0, "the tight cache should force preemptions");
+    for i in 0..reqs.len() {
+        assert_eq!(fixed_b1[i].tokens, plain[i].tokens, "request {i} (batch 1)");
+        assert_eq!(
+            fixed_b16[i].tokens, plain[i].tokens,
+            "request {i} (batch 16)"
+        );
+        assert_eq!(goodput[i].tokens, plain[i].tokens, "request {i} (goodput)");
+        assert_eq!(tight[i].tokens, plain[i].tokens, "request {i} (preempted)");
+        assert!(fixed_b16[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
+    }
+    let accepted =
+        |o: &[Outcome]| -> usize { o.iter().flat_map(|o| &o.steps).map(|s| s.1 as usize).sum() };
+    assert!(
+        accepted(&fixed_b16) > 0,
+        "the toy model's periodic text should accept drafts"
+    );
+    // At batch 1 the repeats run after their originals finished: the shared trie drafts them
+    // from the first generated token on.
+    let repeats = &fixed_b1[16..];
+    assert!(repeats.iter().all(|o| o.steps.iter().any(|s| s.1 > 0)));
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! End-to-end engine benchmark on the CPU backend: decode tokens/s for 1 and 8 streams, with
-//! and without n-gram speculation, on a repetitive and a free-form prompt; mean accepted length
+//! and without speculation (n-gram or suffix-tree proposer), on a repetitive and a free-form prompt; mean accepted length
 //! (tokens per verification step) and peak RSS. Prompts are token ids from the golden files, so
 //! no tokenizer is needed. Output: one Markdown table row per configuration.
 
@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::engine::{Engine, EngineConfig, RowKind, TokenBytes};
+use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RowKind, TokenBytes};
 use engine_worker::model::{LoadFormat, Model, WeightType};
 use engine_worker::spec::SpecPolicy;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
@@ -47,6 +47,13 @@ struct Args {
     /// Comma list of drafting policies for K > 0: goodput, fixed.
     #[arg(long, default_value = "goodput,fixed", value_delimiter = ',')]
     policies: Vec<String>,
+    /// Comma list of proposers for K > 0: ngram, suffix.
+    #[arg(long, default_value = "ngram", value_delimiter = ',')]
+    proposers: Vec<String>,
+    /// Untimed rounds of the same requests on the same engine before the timed one: the timed
+    /// requests repeat earlier ones (what the suffix proposer's shared trie is for).
+    #[arg(long, default_value_t = 0)]
+    warm_rounds: u64,
     /// Comma list of prompts to run: repetitive, free-form.
     #[arg(long, default_value = "repetitive,free-form", value_delimiter = ',')]
     prompts: Vec<String>,
@@ -85,29 +92,15 @@ struct Run {
     mean_accept_len: f64,
 }
 
-fn bench(
-    model: &Model,
+/// Queues `streams` greedy requests for `prompt`, ids from `first_id`.
+fn add_requests<B: engine_worker::backend::Backend>(
+    engine: &mut Engine<B>,
     prompt: &[u32],
-    k: usize,
-    policy: SpecPolicy,
     streams: usize,
-    args: &Args,
-) -> anyhow::Result<Run> {
-    let (tokens, threads) = (args.tokens, args.threads);
-    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
-    let mut options = CpuBackendOptions::new(1024);
-    options.threads = threads;
-    let backend = CpuBackend::new(model.clone(), options)?;
-    let cfg = EngineConfig {
-        num_spec_tokens: k,
-        spec_policy: policy,
-        max_num_seqs: streams,
-        ngram_min: args.ngram_min,
-        ngram_max: args.ngram_max,
-        ..EngineConfig::default()
-    };
-    let mut engine = Engine::new(backend, cfg, vocab);
-    for id in 0..streams as u64 {
+    first_id: u64,
+    tokens: u32,
+) -> anyhow::Result<()> {
+    for id in first_id..first_id + streams as u64 {
         engine
             .add_request(AddRequest {
                 id,
@@ -123,6 +116,40 @@ fn bench(
             })
             .map_err(|r| anyhow::anyhow!("rejected: {r:?}"))?;
     }
+    Ok(())
+}
+
+fn bench(
+    model: &Model,
+    prompt: &[u32],
+    k: usize,
+    (policy, proposer): (SpecPolicy, ProposerKind),
+    streams: usize,
+    args: &Args,
+) -> anyhow::Result<Run> {
+    let (tokens, threads) = (args.tokens, args.threads);
+    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let mut options = CpuBackendOptions::new(1024);
+    options.threads = threads;
+    let backend = CpuBackend::new(model.clone(), options)?;
+    let cfg = EngineConfig {
+        num_spec_tokens: k,
+        spec_policy: policy,
+        proposer,
+        max_num_seqs: streams,
+        ngram_min: args.ngram_min,
+        ngram_max: args.ngram_max,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(backend, cfg, vocab);
+    for round in 0..args.warm_rounds {
+        add_requests(&mut engine, prompt, streams, round * streams as u64, tokens)?;
+        while engine.has_work() {
+            engine.step();
+        }
+    }
+    let first_id = args.warm_rounds * streams as u64;
+    add_requests(&mut engine, prompt, streams, first_id, tokens)?;
     let start = Instant::now();
     let mut decode_start = None;
     let (mut decode_tokens, mut all_tokens, mut steps, mut produced) =
@@ -168,26 +195,42 @@ fn main() -> anyhow::Result<()> {
             other => anyhow::bail!("unknown policy {other} (goodput, fixed)"),
         });
     }
+    let mut proposers = Vec::new();
+    for name in &args.proposers {
+        proposers.push(match name.as_str() {
+            "ngram" => (ProposerKind::Ngram, "ngram"),
+            "suffix" => (ProposerKind::Suffix, "suffix"),
+            other => anyhow::bail!("unknown proposer {other} (ngram, suffix)"),
+        });
+    }
+    anyhow::ensure!(!proposers.is_empty(), "--proposers is empty");
     println!(
-        "| prompt | streams | K | policy | decode tok/s | end-to-end tok/s | mean accepted length |"
+        "| prompt | streams | K | proposer | policy | decode tok/s | end-to-end tok/s | mean accepted length |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (name, prompt) in [("repetitive", &repetitive), ("free-form", &free)] {
         if !args.prompts.iter().any(|p| p == name) {
             continue;
         }
         for &streams in &args.streams {
             for &k in &args.k {
-                let runs = if k == 0 {
-                    &[SpecPolicy::Fixed][..]
+                let runs: Vec<_> = if k == 0 {
+                    vec![(SpecPolicy::Fixed, proposers[0])]
                 } else {
-                    &policies
+                    proposers
+                        .iter()
+                        .flat_map(|&p| policies.iter().map(move |&policy| (policy, p)))
+                        .collect()
                 };
-                for &policy in runs {
-                    let r = bench(&model, prompt, k, policy, streams, &args)?;
-                    let shown = if k == 0 { "-" } else { policy.name() };
+                for (policy, (proposer, proposer_name)) in runs {
+                    let r = bench(&model, prompt, k, (policy, proposer), streams, &args)?;
+                    let (shown, by) = if k == 0 {
+                        ("-", "-")
+                    } else {
+                        (policy.name(), proposer_name)
+                    };
                     println!(
-                        "| {name} | {streams} | {k} | {shown} | {:.1} | {:.1} | {:.2} |",
+                        "| {name} | {streams} | {k} | {by} | {shown} | {:.1} | {:.1} | {:.2} |",
                         r.decode_tok_s, r.total_tok_s, r.mean_accept_len
                     );
                 }

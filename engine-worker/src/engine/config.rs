@@ -2,7 +2,17 @@
 
 use proto::api_worker::{AddRequest, RejectReason};
 
-use crate::spec::SpecPolicy;
+use crate::spec::{SpecPolicy, SuffixConfig};
+
+/// Which proposer drafts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProposerKind {
+    /// Prompt lookup: the latest earlier occurrence of the sequence's last n tokens.
+    #[default]
+    Ngram,
+    /// SuffixDecoding: suffix tries over the request and over recent outputs.
+    Suffix,
+}
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -10,8 +20,10 @@ pub struct EngineConfig {
     pub num_spec_tokens: usize,
     /// How many of the proposed drafts (up to K) each sequence verifies per step.
     pub spec_policy: SpecPolicy,
+    pub proposer: ProposerKind,
     pub ngram_min: usize,
     pub ngram_max: usize,
+    pub suffix: SuffixConfig,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
@@ -24,8 +36,10 @@ impl Default for EngineConfig {
         Self {
             num_spec_tokens: 4,
             spec_policy: SpecPolicy::default(),
+            proposer: ProposerKind::default(),
             ngram_min: 1,
             ngram_max: 4,
+            suffix: SuffixConfig::default(),
             max_num_seqs: 16,
             max_num_batched_tokens: 2048,
             max_model_len: 2048,

@@ -5,7 +5,7 @@ use proto::worker_tp::ResyncRequest;
 use proto::{FinishReason, RequestId};
 
 use super::calibrate::calibrate;
-use super::config::{validate_request, EngineConfig};
+use super::config::{validate_request, EngineConfig, ProposerKind};
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
@@ -16,7 +16,7 @@ use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
     verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
-    Verdict,
+    SuffixProposer, Verdict,
 };
 
 /// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
@@ -88,8 +88,7 @@ impl<B: Backend> Engine<B> {
             },
             alloc,
         );
-        let proposer: Option<Box<dyn Proposer>> = (cfg.num_spec_tokens > 0)
-            .then(|| Box::new(NgramProposer::new(cfg.ngram_min, cfg.ngram_max)) as _);
+        let proposer = (cfg.num_spec_tokens > 0).then(|| build_proposer(&cfg));
         let eos_token_ids = backend.config().eos_token_ids.clone();
         Self {
             backend,
@@ -264,6 +263,9 @@ impl<B: Backend> Engine<B> {
         let Some(mut seq) = self.scheduler.remove(id) else {
             return false;
         };
+        if let Some(p) = &mut self.proposer {
+            p.forget(id);
+        }
         let row = RowOut {
             id,
             kind: RowKind::Abort,
@@ -340,15 +342,17 @@ impl<B: Backend> Engine<B> {
 
     /// Proposes and plans each sequence's drafts: the tokens it verifies and the strength of
     /// the match they come from.
-    fn plan_drafts(&self) -> Vec<(Vec<u32>, usize)> {
+    fn plan_drafts(&mut self) -> Vec<(Vec<u32>, usize)> {
         let running = self.scheduler.running();
         let mut proposals: Vec<(Vec<u32>, usize)> = running
             .iter()
             .map(|s| {
                 let mut out = Vec::new();
                 let mut strength = 0;
-                if let (Some(p), false) = (&self.proposer, s.phase() == SequencePhase::Prefill) {
-                    strength = p.propose(&s.tokens, self.scheduler.max_drafts(s), &mut out);
+                if let (Some(p), false) = (&mut self.proposer, s.phase() == SequencePhase::Prefill)
+                {
+                    let max_drafts = self.scheduler.max_drafts(s);
+                    strength = p.propose(s.id, &s.tokens, max_drafts, &mut out);
                 }
                 (out, strength)
             })
@@ -521,9 +525,20 @@ impl<B: Backend> Engine<B> {
         let now = std::time::Instant::now();
         for (id, finish) in finished {
             if let Some(seq) = self.scheduler.remove(id) {
+                if let Some(p) = &mut self.proposer {
+                    p.finished(id, seq.output());
+                }
                 self.retained.keep(resync_of(&seq, Some(finish)), now);
             }
         }
+    }
+}
+
+/// The proposer `cfg` asks for.
+fn build_proposer(cfg: &EngineConfig) -> Box<dyn Proposer> {
+    match cfg.proposer {
+        ProposerKind::Ngram => Box::new(NgramProposer::new(cfg.ngram_min, cfg.ngram_max)),
+        ProposerKind::Suffix => Box::new(SuffixProposer::new(cfg.suffix)),
     }
 }
 

@@ -9,7 +9,7 @@ mod rows;
 mod stop;
 pub mod vocab;
 
-pub use config::{validate_request, EngineConfig};
+pub use config::{validate_request, EngineConfig, ProposerKind};
 pub use driver::Engine;
 pub use retained::{RetainBounds, Retained};
 pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};

@@ -1,7 +1,8 @@
-//! Speculative decoding: a [`Proposer`] drafts up to K tokens per sequence and step; the
-//! [`DraftPlanner`] decides how many of them each sequence verifies (by expected gain, or all of
-//! them); the [`verifier`] checks them against the target model's logits rows from one forward
-//! and accepts the longest valid prefix plus one token of the target's own.
+//! Speculative decoding: a [`Proposer`] (n-gram prompt lookup or suffix trees) drafts up to K
+//! tokens per sequence and step; the [`DraftPlanner`] decides how many of them each sequence
+//! verifies (by expected gain, or all of them); the [`verifier`] checks them against the target
+//! model's logits rows from one forward and accepts the longest valid prefix plus one token of
+//! the target's own.
 
 pub mod acceptance;
 pub mod cost;
@@ -9,6 +10,9 @@ mod ngram;
 mod planner;
 pub mod policy;
 mod proposer;
+mod suffix;
+mod suffix_cache;
+mod suffix_tree;
 pub mod verifier;
 
 pub use acceptance::RequestAcceptance;
@@ -16,5 +20,6 @@ pub use cost::StepCost;
 pub use ngram::NgramProposer;
 pub use planner::DraftPlanner;
 pub use policy::{DraftCandidate, SpecPolicy};
-pub use proposer::Proposer;
+pub use proposer::{Proposer, SeqKey};
+pub use suffix::{SuffixConfig, SuffixProposer};
 pub use verifier::{verify, Verdict};

@@ -1,7 +1,7 @@
 //! Prompt-lookup decoding (Saxena 2023, "Prompt Lookup Decoding"; vLLM's n-gram proposer): find
 //! the sequence's last n tokens earlier in the sequence and propose what followed them there.
 
-use super::Proposer;
+use super::{Proposer, SeqKey};
 
 #[derive(Debug, Clone)]
 pub struct NgramProposer {
@@ -25,7 +25,13 @@ impl Proposer for NgramProposer {
         "ngram"
     }
 
-    fn propose(&self, tokens: &[u32], max_drafts: usize, out: &mut Vec<u32>) -> usize {
+    fn propose(
+        &mut self,
+        _seq: SeqKey,
+        tokens: &[u32],
+        max_drafts: usize,
+        out: &mut Vec<u32>,
+    ) -> usize {
         if max_drafts == 0 {
             return 0;
         }
@@ -56,19 +62,19 @@ mod tests {
 
     fn propose(p: &NgramProposer, tokens: &[u32], k: usize) -> Vec<u32> {
         let mut out = Vec::new();
-        p.propose(tokens, k, &mut out);
+        p.clone().propose(0, tokens, k, &mut out);
         out
     }
 
     #[test]
     fn the_strength_is_the_matched_length() {
-        let p = NgramProposer::new(1, 3);
+        let mut p = NgramProposer::new(1, 3);
         let mut out = Vec::new();
-        assert_eq!(p.propose(&[1, 2, 3, 4, 1, 2, 9, 1, 2], 4, &mut out), 2);
+        assert_eq!(p.propose(0, &[1, 2, 3, 4, 1, 2, 9, 1, 2], 4, &mut out), 2);
         out.clear();
-        assert_eq!(p.propose(&[7, 1, 2, 3, 7, 1, 2, 3], 4, &mut out), 3);
+        assert_eq!(p.propose(0, &[7, 1, 2, 3, 7, 1, 2, 3], 4, &mut out), 3);
         out.clear();
-        assert_eq!(p.propose(&[5, 6, 7], 4, &mut out), 0);
+        assert_eq!(p.propose(0, &[5, 6, 7], 4, &mut out), 0);
         assert!(out.is_empty());
     }
 

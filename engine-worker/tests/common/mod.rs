@@ -3,9 +3,10 @@
 #![allow(dead_code)]
 
 use engine_worker::backend::{Backend, LogitsFor, SeqForward};
+pub use engine_worker::engine::ProposerKind;
 use engine_worker::engine::{Engine, EngineConfig, RowKind, RowOut};
 use engine_worker::model::ModelConfig;
-pub use engine_worker::spec::SpecPolicy;
+pub use engine_worker::spec::{SpecPolicy, SuffixConfig};
 use engine_worker::EngineError;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
 use proto::{FinishReason, RequestId};
@@ -234,8 +235,10 @@ pub fn engine_config(k: usize, max_num_seqs: usize) -> EngineConfig {
     EngineConfig {
         num_spec_tokens: k,
         spec_policy: SpecPolicy::Fixed,
+        proposer: ProposerKind::Ngram,
         ngram_min: 1,
         ngram_max: 3,
+        suffix: SuffixConfig::default(),
         max_num_seqs,
         max_num_batched_tokens: 512,
         max_model_len: 4096,
