@@ -106,7 +106,10 @@ mod tests {
             VocabKind::from_gguf_model(Some("llama")),
             VocabKind::SentencePiece
         );
-        assert_eq!(VocabKind::from_gguf_model(Some("gpt2")), VocabKind::ByteLevel);
+        assert_eq!(
+            VocabKind::from_gguf_model(Some("gpt2")),
+            VocabKind::ByteLevel
+        );
         assert_eq!(VocabKind::from_gguf_model(None), VocabKind::ByteLevel);
     }
 }
