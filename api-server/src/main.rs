@@ -167,7 +167,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let served_model_name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| api_server::model::default_served_name(&args.model));
+        .unwrap_or_else(|| vocab::served_model_name(&args.model));
     let model_names = api_server::model::model_aliases(&served_model_name, &args.model);
     let idle_trim = Arc::new(IdleTrim::default());
     tokio::spawn(api_server::memory::run(idle_trim.clone(), engine.clone()));

@@ -85,33 +85,6 @@ impl ModelAssets {
     }
 }
 
-/// Whether a file-name segment is a quantization tag (`Q4_1`, `Q4_K_M`, `IQ3_XS`, `F16`,
-/// `BF16`, `f32`, ...), which names the file, not the model.
-fn is_quant_tag(segment: &str) -> bool {
-    let upper = segment.to_ascii_uppercase();
-    let rest = upper
-        .strip_prefix("IQ")
-        .or_else(|| upper.strip_prefix("BF"))
-        .or_else(|| upper.strip_prefix('Q'))
-        .or_else(|| upper.strip_prefix('F'));
-    rest.is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-}
-
-/// The model's name when the operator gives none: the file (or directory) name without the
-/// `.gguf` extension and quantization tag, e.g. `SmolLM2-135M-Instruct.Q4_1.gguf` →
-/// `SmolLM2-135M-Instruct`.
-pub fn default_served_name(path: &Path) -> String {
-    let file = path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let stem = file.strip_suffix(".gguf").unwrap_or(&file);
-    match stem.rsplit_once(['.', '-']) {
-        Some((base, tag)) if !base.is_empty() && is_quant_tag(tag) => base.to_owned(),
-        _ => stem.to_owned(),
-    }
-}
-
 /// Every name a request may use for the model: the served name, the `--model` argument as
 /// given (vLLM's default name), its file name and the file name without `.gguf`.
 pub fn model_aliases(served: &str, model_arg: &Path) -> Vec<String> {
@@ -125,7 +98,7 @@ pub fn model_aliases(served: &str, model_arg: &Path) -> Vec<String> {
         }
         names.push(file);
     }
-    names.push(default_served_name(model_arg));
+    names.push(vocab::served_model_name(model_arg));
     names.dedup();
     names
 }
@@ -135,19 +108,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_names_drop_extension_and_quant_tag() {
-        let name = |p: &str| default_served_name(Path::new(p));
-        assert_eq!(
-            name("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            "SmolLM2-135M-Instruct"
-        );
-        assert_eq!(
-            name("llama-3-8b-instruct-Q4_K_M.gguf"),
-            "llama-3-8b-instruct"
-        );
-        assert_eq!(name("tiny.f16.gguf"), "tiny");
-        assert_eq!(name("/models/Qwen2.5-0.5B"), "Qwen2.5-0.5B");
-        assert_eq!(name("plain.gguf"), "plain");
+    fn aliases_include_the_argument_and_its_file_names() {
+        // The default name itself is tested in `vocab::model_name`.
         let aliases = model_aliases("smol", Path::new("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
         for a in [
             "smol",

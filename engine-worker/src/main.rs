@@ -9,12 +9,12 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
-use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds, TokenBytes};
+use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
 use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig, ApiLinkSettings};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{EngineCommand, WorkerStatus};
-use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
 use link::service;
@@ -220,15 +220,9 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
     let heartbeat = args.service.liveness().interval;
-    // The same name the loader gives the model (file name up to its first dot), so metric
-    // labels do not change when the not-ready hello is followed by the ready one.
-    let model_label = args
-        .model
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.split('.').next())
-        .unwrap_or("model")
-        .to_owned();
+    // The same name the loader gives the model, so metric labels do not change when the
+    // not-ready hello is followed by the ready one.
+    let model_label = vocab::served_model_name(&args.model);
     let proposer = if args.num_spec_tokens > 0 {
         args.proposer.name()
     } else {
@@ -393,7 +387,7 @@ fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
     let started = Instant::now();
     let model = Model::load(&args.model, format, dtype, args.seed)
         .with_context(|| format!("cannot load {}", args.model.display()))?;
-    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let backend = build_backend(args, model)?;
     tracing::info!(
         model = %backend.config().name,

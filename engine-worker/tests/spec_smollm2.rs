@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use common::*;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::engine::{Engine, TokenBytes};
-use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::engine::Engine;
+use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use proto::api_worker::SamplingParams;
 
 fn root() -> PathBuf {
@@ -41,7 +41,7 @@ fn engine(k: usize, max_num_seqs: usize) -> Engine<CpuBackend> {
 
 fn engine_with(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
     let model = model();
-    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;
@@ -50,7 +50,7 @@ fn engine_with(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuB
 
 fn engine_with_suffix(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
     let model = model();
-    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use vocab::StopStrings;
+
 use super::Tokenizer;
 
 /// Decoder state of one choice.
@@ -15,29 +17,22 @@ pub struct IncrementalDecoder {
     text: String,
     /// Bytes of `text` already handed out.
     emitted: usize,
-    stops: Vec<String>,
-    /// Longest stop string minus one byte: the tail that may be the start of a stop string.
-    hold_back: usize,
+    /// Bytes of `text` already searched for stop strings.
+    checked: usize,
+    stops: StopStrings,
     matched_stop: Option<String>,
     tokens_seen: usize,
 }
 
 impl IncrementalDecoder {
     pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> Self {
-        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        let hold_back = stops
-            .iter()
-            .map(String::len)
-            .max()
-            .unwrap_or(1)
-            .saturating_sub(1);
         Self {
             tokenizer,
             pending: Vec::new(),
             text: String::new(),
             emitted: 0,
-            stops,
-            hold_back,
+            checked: 0,
+            stops: StopStrings::new(stops),
             matched_stop: None,
             tokens_seen: 0,
         }
@@ -75,7 +70,7 @@ impl IncrementalDecoder {
         let safe = if self.matched_stop.is_some() {
             self.text.len()
         } else {
-            floor_char_boundary(&self.text, self.text.len().saturating_sub(self.hold_back))
+            self.stops.releasable_len(&self.text)
         };
         self.take_until(safe)
     }
@@ -134,34 +129,21 @@ impl IncrementalDecoder {
         }
     }
 
-    /// Cuts `text` at the earliest stop string, if one appeared in the new text.
+    /// Cuts `text` at the earliest stop string the text added since the last check completes.
     fn check_stop(&mut self) -> bool {
         if self.stops.is_empty() {
             return false;
         }
-        let longest = self.hold_back + 1;
-        let from = floor_char_boundary(&self.text, self.emitted.saturating_sub(longest));
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|at| (from + at, s)))
-            .min_by_key(|(at, _)| *at);
-        match hit {
-            Some((at, stop)) => {
-                self.matched_stop = Some(stop.clone());
-                self.text.truncate(at.max(self.emitted));
+        let found = self.stops.find_completed(&self.text, self.checked);
+        self.checked = self.text.len();
+        match found {
+            Some(hit) => {
+                self.matched_stop = Some(self.stops.get(hit).to_owned());
+                self.text.truncate(hit.at.max(self.emitted));
                 self.pending.clear();
                 true
             }
             None => false,
         }
     }
-}
-
-fn floor_char_boundary(s: &str, mut at: usize) -> usize {
-    at = at.min(s.len());
-    while !s.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
 }

@@ -11,12 +11,11 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper};
 
-use super::{bytelevel, BosPolicy, Tokenizer};
-use crate::error::ApiError;
+use vocab::bytelevel;
+use vocab::token_bytes::{TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED};
 
-/// llama.cpp's token types.
-const TOKEN_TYPE_CONTROL: i32 = 3;
-const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+use super::{BosPolicy, Tokenizer};
+use crate::error::ApiError;
 
 fn load_err(reason: impl Into<String>) -> ApiError {
     ApiError::ModelLoad {

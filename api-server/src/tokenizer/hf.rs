@@ -5,7 +5,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{bytelevel, BosPolicy, Tokenizer};
+use vocab::{bytelevel, pieces};
+
+use super::{BosPolicy, Tokenizer};
 use crate::error::ApiError;
 
 fn load_err(path: &Path, reason: impl std::fmt::Display) -> ApiError {
@@ -63,15 +65,13 @@ pub fn read_config(dir: &Path) -> Result<HfTokenizerConfig, ApiError> {
 /// Raw bytes of a vocabulary entry: byte-level text, a `<0xAB>` byte-fallback token, or a
 /// SentencePiece piece (`▁` for a space).
 fn piece_bytes(piece: &str) -> Vec<u8> {
-    if let Some(hex) = piece.strip_prefix("<0x").and_then(|p| p.strip_suffix('>')) {
-        if let Ok(b) = u8::from_str_radix(hex, 16) {
-            return vec![b];
+    // A byte token is spelled in the byte-level alphabet too, so it must be tried first.
+    if pieces::byte_token(piece).is_none() {
+        if let Some(bytes) = bytelevel::token_to_bytes(piece) {
+            return bytes;
         }
     }
-    match bytelevel::token_to_bytes(piece) {
-        Some(bytes) => bytes,
-        None => piece.replace('\u{2581}', " ").into_bytes(),
-    }
+    pieces::sentencepiece_bytes(piece)
 }
 
 pub fn load(dir: &Path, config: &HfTokenizerConfig) -> Result<Tokenizer, ApiError> {

@@ -2,7 +2,6 @@
 //! fields ([`gguf`](self::gguf)) or loaded from an HF `tokenizer.json` ([`hf`]), plus the raw
 //! bytes of every token so output can be decoded incrementally ([`detok`]).
 
-pub mod bytelevel;
 pub mod detok;
 pub mod gguf;
 pub mod hf;

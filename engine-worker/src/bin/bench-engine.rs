@@ -9,8 +9,8 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RowKind, TokenBytes};
-use engine_worker::model::{LoadFormat, Model, WeightType};
+use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RowKind};
+use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::SpecPolicy;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
 
@@ -128,7 +128,7 @@ fn bench(
     args: &Args,
 ) -> anyhow::Result<Run> {
     let (tokens, threads) = (args.tokens, args.threads);
-    let vocab = model.tokenizer.as_ref().map(TokenBytes::from_tokenizer);
+    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let mut options = CpuBackendOptions::new(1024);
     options.threads = threads;
     let backend = CpuBackend::new(model.clone(), options)?;

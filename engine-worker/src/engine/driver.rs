@@ -9,7 +9,6 @@ use super::config::{validate_request, EngineConfig, ProposerKind};
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
-use super::vocab::TokenBytes;
 use crate::backend::{Backend, LogitsFor, SeqForward};
 use crate::kv::{BlockAllocator, BlockTable};
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
@@ -18,6 +17,7 @@ use crate::spec::{
     verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
     SuffixProposer, Verdict,
 };
+use vocab::TokenBytes;
 
 /// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
 /// along its last segment beyond it.

@@ -7,10 +7,10 @@ mod driver;
 mod retained;
 mod rows;
 mod stop;
-pub mod vocab;
 
 pub use config::{validate_request, EngineConfig, ProposerKind};
 pub use driver::Engine;
 pub use retained::{RetainBounds, Retained};
 pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};
+// The vocabulary crate's types, under the names the engine's callers already use.
 pub use vocab::{TokenBytes, VocabKind};

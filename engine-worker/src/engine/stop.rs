@@ -1,8 +1,8 @@
 //! Stop conditions, checked token by token as a step's tokens are appended.
 
 use proto::FinishReason;
+use vocab::{find_completed_stop, TokenBytes};
 
-use super::vocab::TokenBytes;
 use crate::scheduler::Sequence;
 
 pub struct StopRules<'a> {
@@ -35,7 +35,8 @@ impl StopRules<'_> {
             if let Some(vocab) = self.vocab {
                 let before = seq.output_bytes.len();
                 seq.output_bytes.extend_from_slice(vocab.get(token));
-                if completes_stop_string(&seq.output_bytes, before, &seq.stop.stop_strings) {
+                if find_completed_stop(&seq.output_bytes, before, &seq.stop.stop_strings).is_some()
+                {
                     return Some(FinishReason::Stop);
                 }
             }
@@ -44,29 +45,5 @@ impl StopRules<'_> {
             return Some(FinishReason::Length);
         }
         None
-    }
-}
-
-/// Whether some stop string occurs in `text` ending after byte `old_len` (i.e. the bytes just
-/// added complete it).
-fn completes_stop_string(text: &[u8], old_len: usize, stops: &[String]) -> bool {
-    stops.iter().filter(|s| !s.is_empty()).any(|stop| {
-        let stop = stop.as_bytes();
-        let from = (old_len + 1).saturating_sub(stop.len());
-        text[from..].windows(stop.len()).any(|w| w == stop)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_string_must_end_in_the_new_bytes() {
-        let stops = vec!["ab".to_string()];
-        assert!(completes_stop_string(b"xxab", 3, &stops));
-        assert!(completes_stop_string(b"xxab", 2, &stops));
-        assert!(!completes_stop_string(b"abxx", 3, &stops));
-        assert!(!completes_stop_string(b"xxa", 2, &stops));
     }
 }

@@ -120,15 +120,8 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig, EngineE
             }
         }
     }
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.split('.').next())
-        .filter(|n| !n.is_empty())
-        .unwrap_or("model")
-        .to_owned();
     let config = ModelConfig {
-        name,
+        name: vocab::served_model_name(path),
         vocab_size,
         hidden_size,
         intermediate_size: usize_key("feed_forward_length")?,

@@ -34,6 +34,14 @@ pub struct TokenizerData {
     pub token_types: Option<Vec<i32>>,
 }
 
+impl TokenizerData {
+    /// The bytes each token id decodes to, for stop strings.
+    pub fn token_bytes(&self) -> vocab::TokenBytes {
+        let kind = vocab::VocabKind::from_gguf_model(self.model.as_deref());
+        vocab::TokenBytes::new(&self.tokens, self.token_types.as_deref(), kind)
+    }
+}
+
 /// A loaded model: hyper-parameters, weights, and the vocabulary when the source has one.
 #[derive(Debug, Clone)]
 pub struct Model {

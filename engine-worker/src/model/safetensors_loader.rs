@@ -91,8 +91,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model, EngineError> {
 pub fn hf_config(dir: &Path) -> Result<ModelConfig, EngineError> {
     let path = dir.join("config.json");
     let json = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-    ModelConfig::from_hf_config_json(&json, name)
+    ModelConfig::from_hf_config_json(&json, &vocab::served_model_name(dir))
 }
 
 fn weight_type(dtype: Dtype) -> Option<WeightType> {

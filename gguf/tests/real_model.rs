@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use gguf::{GgmlType, GgufFile};
 
 fn model_path() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         path.exists(),
         "{} is missing: run scripts/fetch-model.sh",

@@ -1,4 +1,7 @@
-//! Token bytes for stop strings, from a GGUF vocabulary (`tokenizer.ggml.tokens`).
+//! The bytes each token id of a GGUF vocabulary (`tokenizer.ggml.tokens`) decodes to, as the
+//! engine-worker matches stop strings on them.
+
+use crate::{bytelevel, pieces};
 
 /// How the vocabulary spells bytes (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,8 +12,20 @@ pub enum VocabKind {
     SentencePiece,
 }
 
+impl VocabKind {
+    /// From GGUF `tokenizer.ggml.model`; anything but "llama" is taken as byte-level.
+    pub fn from_gguf_model(model: Option<&str>) -> Self {
+        match model {
+            Some("llama") => Self::SentencePiece,
+            _ => Self::ByteLevel,
+        }
+    }
+}
+
 /// GGUF token type of control tokens (`<|im_end|>` and the like), which decode to nothing.
-const TOKEN_TYPE_CONTROL: i32 = 3;
+pub const TOKEN_TYPE_CONTROL: i32 = 3;
+/// GGUF token type of user-defined tokens, matched whole like control tokens but shown.
+pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// The bytes each token id decodes to.
 #[derive(Debug, Clone)]
@@ -18,27 +33,9 @@ pub struct TokenBytes {
     bytes: Vec<Vec<u8>>,
 }
 
-/// GPT-2's byte-to-unicode table reversed: the byte a printable stand-in character means.
-fn byte_level_decoder() -> std::collections::HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut map = std::collections::HashMap::with_capacity(256);
-    let mut shifted = 0u32;
-    for b in 0..=255u8 {
-        let ch = if printable(b) {
-            char::from(b)
-        } else {
-            shifted += 1;
-            char::from_u32(255 + shifted).expect("valid code point")
-        };
-        map.insert(ch, b);
-    }
-    map
-}
-
 impl TokenBytes {
     /// `token_types` is `tokenizer.ggml.token_type` when present.
     pub fn new(tokens: &[String], token_types: Option<&[i32]>, kind: VocabKind) -> Self {
-        let decoder = byte_level_decoder();
         let bytes = tokens
             .iter()
             .enumerate()
@@ -47,14 +44,8 @@ impl TokenBytes {
                     return Vec::new();
                 }
                 match kind {
-                    VocabKind::ByteLevel => text
-                        .chars()
-                        .flat_map(|c| match decoder.get(&c) {
-                            Some(&b) => vec![b],
-                            None => c.to_string().into_bytes(),
-                        })
-                        .collect(),
-                    VocabKind::SentencePiece => sentencepiece_bytes(text),
+                    VocabKind::ByteLevel => bytelevel::token_to_bytes_lenient(text),
+                    VocabKind::SentencePiece => pieces::sentencepiece_bytes(text),
                 }
             })
             .collect();
@@ -79,26 +70,6 @@ impl TokenBytes {
             .flat_map(|&id| self.get(id).iter().copied())
             .collect()
     }
-}
-
-impl TokenBytes {
-    /// From the vocabulary fields a loaded model carries.
-    pub fn from_tokenizer(t: &crate::model::TokenizerData) -> Self {
-        let kind = match t.model.as_deref() {
-            Some("llama") => VocabKind::SentencePiece,
-            _ => VocabKind::ByteLevel,
-        };
-        Self::new(&t.tokens, t.token_types.as_deref(), kind)
-    }
-}
-
-fn sentencepiece_bytes(text: &str) -> Vec<u8> {
-    if let Some(hex) = text.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')) {
-        if let Ok(b) = u8::from_str_radix(hex, 16) {
-            return vec![b];
-        }
-    }
-    text.replace('\u{2581}', " ").into_bytes()
 }
 
 #[cfg(test)]
@@ -127,5 +98,18 @@ mod tests {
         let tokens: Vec<String> = ["\u{2581}the", "<0x0A>"].map(String::from).to_vec();
         let v = TokenBytes::new(&tokens, None, VocabKind::SentencePiece);
         assert_eq!(v.decode(&[0, 1]), b" the\n".to_vec());
+    }
+
+    #[test]
+    fn only_llama_vocabularies_are_sentencepiece() {
+        assert_eq!(
+            VocabKind::from_gguf_model(Some("llama")),
+            VocabKind::SentencePiece
+        );
+        assert_eq!(
+            VocabKind::from_gguf_model(Some("gpt2")),
+            VocabKind::ByteLevel
+        );
+        assert_eq!(VocabKind::from_gguf_model(None), VocabKind::ByteLevel);
     }
 }
