@@ -8,9 +8,10 @@
 #   NUM_PROMPTS  prompts per server                        (env NUM_PROMPTS, default 40)
 # Environment:
 #   OUT_DIR            results (JSON per server, logs, summary.md); default /tmp/specula-bench
-#   SPECULA_SETTINGS   space-separated name:num_spec_tokens:policy, one specula stack each;
-#                      default "k0:0:fixed k4fixed:4:fixed k4:4:goodput"
-#                      (policy goes to the worker as SPECULA_SPEC_POLICY); set empty for none
+#   SPECULA_SETTINGS   space-separated name:num_spec_tokens:policy[:proposer], one specula
+#                      stack each; default "k0:0:fixed k4fixed:4:fixed k4:4:goodput"
+#                      (policy and proposer go to the worker as SPECULA_SPEC_POLICY and
+#                      SPECULA_PROPOSER, e.g. "k4suffix:4:goodput:suffix"); set empty for none
 #   LLAMA_SERVER       llama-server binary; default <repo>/.tools/llama.cpp/build/bin/llama-server
 #                      when it exists (scripts/bench/build-llama-server.sh builds it), else skipped
 #   SKIP_LLAMA=1       do not run llama-server
@@ -158,7 +159,7 @@ else
 fi
 
 for setting in $settings; do
-  IFS=: read -r name k policy <<<"$setting"
+  IFS=: read -r name k policy proposer <<<"$setting"
   [ -n "$name" ] && [ -n "$k" ] || { echo "serving.sh: bad setting '$setting'" >&2; exit 2; }
   api_port="$(free_port)"
   metrics_port="$(free_port)"
@@ -168,6 +169,7 @@ for setting in $settings; do
   envs=(SPECULA_API_PORT="$api_port" SPECULA_METRICS_PORT="$metrics_port"
         SPECULA_NUM_SPEC_TOKENS="$k" SPECULA_MODEL="$MODEL")
   [ -n "${policy:-}" ] && envs+=(SPECULA_SPEC_POLICY="$policy")
+  [ -n "${proposer:-}" ] && envs+=(SPECULA_PROPOSER="$proposer")
   env "${envs[@]}" setsid scripts/serve.sh >"$log" 2>&1 &
   srv_pid=$!
   if wait_healthy "http://127.0.0.1:$api_port/health" "$start_timeout" "specula $name"; then
