@@ -1,12 +1,13 @@
 //! `--trace-acceptance PATH`: every step's rows as JSON Lines in the golden acceptance event
 //! format (`../shared/spec/acceptance-metrics.md`, "Trace files"), readable by
-//! `token-processor replay`. The first line identifies the run.
+//! `token-processor replay`. The first line identifies the run. The line types are
+//! [`proto::trace`], which the replay reads with.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use serde_json::{json, Value};
+use proto::trace::{Event, EventKind, Header, RequestName};
 
 use crate::engine::{RowKind, RowOut};
 
@@ -23,14 +24,14 @@ impl TraceWriter {
         worker_id: &str,
         proposer: &str,
     ) -> std::io::Result<Self> {
+        let header = Header {
+            model: Some(model.to_owned()),
+            num_spec_tokens: u32::try_from(num_spec_tokens).map_err(std::io::Error::other)?,
+            proposer: Some(proposer.to_owned()),
+            worker_id: Some(worker_id.to_owned()),
+        };
         let mut out = BufWriter::new(File::create(path)?);
-        let header = json!({
-            "num_spec_tokens": num_spec_tokens,
-            "model": model,
-            "worker_id": worker_id,
-            "proposer": proposer,
-        });
-        writeln!(out, "{header}")?;
+        write_line(&mut out, &header)?;
         out.flush()?;
         Ok(Self { out })
     }
@@ -38,29 +39,31 @@ impl TraceWriter {
     /// Appends one event per row and flushes, so a crash loses at most the current step.
     pub fn record(&mut self, rows: &[RowOut]) -> std::io::Result<()> {
         for row in rows {
-            writeln!(self.out, "{}", event(row))?;
+            write_line(&mut self.out, &event(row))?;
         }
         self.out.flush()
     }
 }
 
+fn write_line(out: &mut impl Write, line: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, line)?;
+    out.write_all(b"\n")
+}
+
 /// A row as a golden event; request ids print as decimal strings.
-pub fn event(row: &RowOut) -> Value {
-    let mut ev = serde_json::Map::new();
+pub fn event(row: &RowOut) -> Event {
     let kind = match row.kind {
-        RowKind::Prefill => "prefill",
-        RowKind::Verify => "verify",
-        RowKind::Preempted => "preempted",
-        RowKind::Abort => "abort",
+        RowKind::Prefill => EventKind::Prefill,
+        RowKind::Verify => EventKind::Verify,
+        RowKind::Preempted => EventKind::Preempted,
+        RowKind::Abort => EventKind::Abort,
     };
-    ev.insert("type".into(), kind.into());
-    ev.insert("request".into(), row.id.to_string().into());
-    if row.kind == RowKind::Verify {
-        ev.insert("drafted".into(), row.drafted.into());
-        ev.insert("accepted".into(), row.accepted.into());
+    let verify = row.kind == RowKind::Verify;
+    Event {
+        accepted: verify.then_some(row.accepted),
+        drafted: verify.then_some(row.drafted),
+        finish: row.finish,
+        request: RequestName::Text(row.id.to_string()),
+        kind,
     }
-    if let Some(finish) = row.finish {
-        ev.insert("finish".into(), finish.as_str().into());
-    }
-    Value::Object(ev)
 }

@@ -6,6 +6,8 @@
 //! - [`tp_api`]: token-processor ⇄ api-server (per-request outputs).
 //!
 //! and [`auth`], the proof of a shared secret that precedes them on endpoints that require one.
+//! One file format rides along, since a process writes it and another reads it: [`trace`], the
+//! acceptance trace (JSON Lines; no part of the protocol or its version).
 //!
 //! Frames are MessagePack (rmp-serde, structs as arrays) behind [`codec`], which caps every
 //! frame's size and turns every malformed input into a [`ProtoError`]. Every hello carries
@@ -18,6 +20,7 @@ pub mod columns;
 mod error;
 pub mod metrics;
 pub mod tp_api;
+pub mod trace;
 pub mod types;
 pub mod worker_tp;
 

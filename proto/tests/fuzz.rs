@@ -7,21 +7,8 @@ use proto::api_worker::{ApiToWorker, WorkerToApi};
 use proto::decode;
 use proto::tp_api::{ApiToTp, TpToApi};
 use proto::worker_tp::{TpToWorker, WorkerToTp};
-
-/// splitmix64: tiny, seeded, good enough to drive a fuzz loop without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 fn decode_all(frame: &[u8]) -> usize {
     let mut ok = 0;
@@ -44,31 +31,31 @@ fn decode_all(frame: &[u8]) -> usize {
     ok
 }
 
-fn mutate(rng: &mut Rng, frame: &mut Vec<u8>) {
-    for _ in 0..1 + rng.below(4) {
-        match rng.below(6) {
+fn mutate(rng: &mut ChaCha8Rng, frame: &mut Vec<u8>) {
+    for _ in 0..rng.gen_range(1..5) {
+        match rng.gen_range(0..6) {
             0 if !frame.is_empty() => {
-                let i = rng.below(frame.len());
-                frame[i] ^= 1 << rng.below(8);
+                let i = rng.gen_range(0..frame.len());
+                frame[i] ^= 1 << rng.gen_range(0..8);
             }
             1 if !frame.is_empty() => {
-                let i = rng.below(frame.len());
-                frame[i] = rng.next() as u8;
+                let i = rng.gen_range(0..frame.len());
+                frame[i] = rng.gen();
             }
-            2 if !frame.is_empty() => frame.truncate(rng.below(frame.len())),
+            2 if !frame.is_empty() => frame.truncate(rng.gen_range(0..frame.len())),
             3 => {
-                let i = rng.below(frame.len() + 1);
+                let i = rng.gen_range(0..=frame.len());
                 // MessagePack headers announcing huge lengths: str32, bin32, array32, map32.
-                let hdr = [0xdb, 0xc6, 0xdd, 0xdf][rng.below(4)];
+                let hdr = [0xdb, 0xc6, 0xdd, 0xdf][rng.gen_range(0..4)];
                 frame.splice(i..i, [hdr, 0xff, 0xff, 0xff, 0xf0]);
             }
             4 => {
-                let i = rng.below(frame.len() + 1);
-                frame.insert(i, rng.next() as u8);
+                let i = rng.gen_range(0..=frame.len());
+                frame.insert(i, rng.gen());
             }
             _ => {
                 if frame.len() > 1 {
-                    let i = rng.below(frame.len() - 1);
+                    let i = rng.gen_range(0..frame.len() - 1);
                     frame.swap(i, i + 1);
                 }
             }
@@ -79,15 +66,15 @@ fn mutate(rng: &mut Rng, frame: &mut Vec<u8>) {
 #[test]
 fn random_and_mutated_frames_never_panic() {
     let seeds: Vec<Vec<u8>> = samples::all_frames().into_iter().map(|(_, b)| b).collect();
-    let mut rng = Rng(0x005E_C01A);
+    let mut rng = ChaCha8Rng::seed_from_u64(0x005E_C01A);
     let mut decoded = 0usize;
     const CASES: usize = 120_000;
     for case in 0..CASES {
         let frame = if case % 3 == 0 {
-            let len = rng.below(96);
-            (0..len).map(|_| rng.next() as u8).collect::<Vec<_>>()
+            let len = rng.gen_range(0..96);
+            (0..len).map(|_| rng.gen::<u8>()).collect::<Vec<_>>()
         } else {
-            let mut f = seeds[rng.below(seeds.len())].clone();
+            let mut f = seeds[rng.gen_range(0..seeds.len())].clone();
             mutate(&mut rng, &mut f);
             f
         };

@@ -1,12 +1,14 @@
 //! Acceptance traces (a golden case file, or the JSON Lines an engine-worker writes with
 //! `--trace-acceptance`) replayed through the live ingest's state machine: each event becomes a
 //! step-batch row of a synthetic worker, so `replay` and the service compute the same numbers.
+//! The lines are [`proto::trace`]'s types, the ones the worker writes with.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
 use proto::tp_api::RequestOutput;
+use proto::trace::{Event, Header};
 use proto::worker_tp::{RequestStart, StepBatch, StepRow, WorkerHello, WorkerToTp};
 use proto::{FinishReason, RequestId, SpeculateMetrics};
 use serde::ser::SerializeMap;
@@ -20,43 +22,10 @@ use crate::tracker::{Clock, Figures, Outbox};
 const REPLAY_WORKER: &str = "replay";
 const REPLAY_OWNER: &str = "replay";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventKind {
-    Prefill,
-    Verify,
-    Preempted,
-    Abort,
-}
+pub use proto::trace::EventKind;
 
-/// A request id as traces write it: a string (or, leniently, a number).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
-#[serde(untagged)]
-enum TraceId {
-    Text(String),
-    Number(u64),
-}
-
-impl TraceId {
-    fn into_string(self) -> String {
-        match self {
-            Self::Text(s) => s,
-            Self::Number(n) => n.to_string(),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct RawEvent {
-    #[serde(rename = "type")]
-    kind: EventKind,
-    request: TraceId,
-    drafted: Option<u8>,
-    accepted: Option<u8>,
-    finish: Option<FinishReason>,
-}
-
-/// One trace event, checked.
+/// One trace event, checked: a verify's `(drafted, accepted)` within K, an abort's finish filled
+/// in (0s where the kind has no draft).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceEvent {
     pub kind: EventKind,
@@ -78,11 +47,6 @@ struct GoldenFile {
     events: Vec<serde_json::Value>,
 }
 
-#[derive(Deserialize)]
-struct JsonlHeader {
-    num_spec_tokens: u32,
-}
-
 impl Trace {
     pub fn load(path: &Path) -> Result<Self, TpError> {
         let text = std::fs::read_to_string(path).map_err(|source| TpError::TraceIo {
@@ -97,7 +61,7 @@ impl Trace {
         if let Ok(golden) = serde_json::from_str::<GoldenFile>(text) {
             let mut events = Vec::with_capacity(golden.events.len());
             for (i, value) in golden.events.into_iter().enumerate() {
-                let raw: RawEvent =
+                let raw: Event =
                     serde_json::from_value(value).map_err(|e| TpError::TraceParse {
                         line: i + 1,
                         message: format!("event {i}: {e}"),
@@ -116,14 +80,13 @@ impl Trace {
                 message: "empty trace".into(),
             });
         };
-        let header: JsonlHeader =
-            serde_json::from_str(header).map_err(|e| TpError::TraceParse {
-                line: header_line + 1,
-                message: format!("header: {e}"),
-            })?;
+        let header: Header = serde_json::from_str(header).map_err(|e| TpError::TraceParse {
+            line: header_line + 1,
+            message: format!("header: {e}"),
+        })?;
         let mut events = Vec::new();
         for (i, line) in lines {
-            let raw: RawEvent = serde_json::from_str(line).map_err(|e| TpError::TraceParse {
+            let raw: Event = serde_json::from_str(line).map_err(|e| TpError::TraceParse {
                 line: i + 1,
                 message: e.to_string(),
             })?;
@@ -132,7 +95,7 @@ impl Trace {
         Self::checked(header.num_spec_tokens, events)
     }
 
-    fn checked(num_spec_tokens: u32, raw: Vec<RawEvent>) -> Result<Self, TpError> {
+    fn checked(num_spec_tokens: u32, raw: Vec<Event>) -> Result<Self, TpError> {
         if num_spec_tokens > MAX_SPEC_TOKENS {
             return Err(TpError::TraceParse {
                 line: 1,

@@ -1,37 +1,18 @@
 //! Synthetic step batches for the benchmarks (criterion bench, `tp-bench`, and the Python
 //! reference via [`Synth::to_json`]): a worker with a fixed number of running requests, each
 //! prefilled, then decoded with `(d, a)` drawn like an n-gram/MTP proposer, finishing after a
-//! random length and replaced by a new request. Deterministic for a seed; no dependencies.
+//! random length and replaced by a new request. Deterministic for a seed: ChaCha8, whose stream
+//! `rand_chacha` keeps stable across versions and platforms, so a seed names the same workload.
 
 use proto::worker_tp::{RequestStart, StepBatch, StepRow};
 use proto::{FinishReason, RequestId};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
-/// SplitMix64: tiny, fast, good enough for workload shapes.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
+/// True with probability `p`. Not `Rng::gen_bool`, which panics on a `p` outside `0..=1`
+/// (`SynthConfig::accept_p` is public): here such a `p` is simply never or always true.
+fn chance(rng: &mut ChaCha8Rng, p: f64) -> bool {
+    rng.gen::<f64>() < p
 }
 
 #[derive(Debug, Clone)]
@@ -61,7 +42,7 @@ struct Live {
 #[derive(Debug, Clone)]
 pub struct Synth {
     cfg: SynthConfig,
-    rng: SplitMix64,
+    rng: ChaCha8Rng,
     next_id: RequestId,
     seq: u64,
     live: Vec<Option<Live>>,
@@ -71,7 +52,7 @@ pub struct Synth {
 
 impl Synth {
     pub fn new(cfg: SynthConfig) -> Self {
-        let rng = SplitMix64::new(cfg.seed);
+        let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let live = vec![None; cfg.rows];
         Self {
             cfg,
@@ -98,8 +79,8 @@ impl Synth {
             let live = match &mut self.live[slot] {
                 Some(live) => live,
                 empty => {
-                    let span = u64::from(self.cfg.max_len - self.cfg.min_len) + 1;
-                    let len = self.cfg.min_len + self.rng.below(span) as u32;
+                    let (min, max) = (self.cfg.min_len, self.cfg.max_len);
+                    let len = self.rng.gen_range(min..=max.max(min));
                     let id = self.next_id;
                     self.next_id += 1;
                     empty.insert(Live {
@@ -114,18 +95,18 @@ impl Synth {
                 batch.starts.push(RequestStart {
                     row: batch.len() as u32,
                     owner: self.cfg.owner.clone(),
-                    prompt_tokens: 32 + self.rng.below(512) as u32,
+                    prompt_tokens: self.rng.gen_range(32..544),
                     arrival_unix_ms: 0,
                 });
                 (0, 0, 1, true)
             } else {
-                let d = if k == 0 || self.rng.chance(0.1) {
-                    self.rng.below(u64::from(k) + 1) as u8
+                let d = if k == 0 || chance(&mut self.rng, 0.1) {
+                    self.rng.gen_range(0..=k)
                 } else {
                     k
                 };
                 let mut a = 0;
-                while a < d && self.rng.chance(self.cfg.accept_p) {
+                while a < d && chance(&mut self.rng, self.cfg.accept_p) {
                     a += 1;
                 }
                 (d, a, u32::from(a) + 1, false)
@@ -134,10 +115,10 @@ impl Synth {
             live.remaining -= n_tokens;
             self.tokens.clear();
             for _ in 0..n_tokens {
-                self.tokens.push(self.rng.below(49_152) as u32);
+                self.tokens.push(self.rng.gen_range(0..49_152));
             }
             let finish = (live.remaining == 0).then(|| {
-                if self.rng.chance(0.5) {
+                if chance(&mut self.rng, 0.5) {
                     FinishReason::Stop
                 } else {
                     FinishReason::Length

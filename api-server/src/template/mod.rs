@@ -2,9 +2,8 @@
 //! `tokenizer_config.json`) rendered with minijinja the way vLLM renders it through
 //! transformers: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, with
 //! `trim_blocks` and `lstrip_blocks` on, and the Python string/dict methods templates use
-//! ([`pycompat`]).
-
-mod pycompat;
+//! (`content.strip()`, `message.get('name')`, ...: Jinja2 inherits them from Python, minijinja
+//! has them only through `minijinja_contrib::pycompat`).
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
@@ -37,7 +36,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_function("raise_exception", raise_exception);
-        env.set_unknown_method_callback(pycompat::method);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| ApiError::ModelLoad {
                 what: "chat template".into(),
@@ -126,6 +125,30 @@ mod tests {
         assert_eq!(
             t.render(&[msg("user", "hi")], false).unwrap(),
             "<s>user:hi\n"
+        );
+    }
+
+    /// The Python methods HF chat templates call, as they reach a template (`m` is the one
+    /// message, `{role: "system", content: "  hi  "}`).
+    #[test]
+    fn python_methods_used_by_chat_templates() {
+        let render = |body: &str| {
+            let source = ["{% set m = messages[0] %}", body].concat();
+            ChatTemplate::new(&source, "<s>".into(), "</s>".into())
+                .unwrap()
+                .render(&[msg("system", "  hi  ")], false)
+                .unwrap()
+        };
+        assert_eq!(render("[{{ m.content.strip() }}]"), "[hi]");
+        assert_eq!(render("[{{ m.content.rstrip() }}]"), "[  hi]");
+        assert_eq!(render("{{ m.role.startswith('sys') }}"), "True");
+        assert_eq!(render("{{ m.role.upper() }}"), "SYSTEM");
+        assert_eq!(render("{{ m.get('name', 'none') }}"), "none");
+        assert_eq!(render("{{ m.get('role') }}"), "system");
+        assert_eq!(render("{{ 'a,b'.split(',') | length }}"), "2");
+        assert_eq!(
+            render("{% for k, v in m.items() %}{{ k }}{% endfor %}"),
+            "rolecontent"
         );
     }
 }

@@ -12,7 +12,6 @@ mod request;
 mod settled;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 pub use effects::{merge_by_owner, Observations, Outbox, OutputsByOwner};
@@ -35,31 +34,11 @@ pub struct Clock {
 /// Owner names kept interned (one `Arc` per api-server name); names beyond it are not shared.
 const MAX_INTERNED_OWNERS: usize = 1024;
 
-/// Hasher for request ids: a SplitMix64 finalizer (ids are chosen by our own api-servers, so
-/// hash flooding is not a concern, and SipHash would dominate the per-row cost).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type IdMap<V> = HashMap<RequestId, V, BuildHasherDefault<IdHasher>>;
+/// Maps keyed by request id, hashed with FxHash: ids are chosen by our own (authenticated)
+/// api-servers, so hash flooding is not a concern, and SipHash would dominate the per-row cost.
+/// Not the identity hash (`nohash-hasher`): an id is a per-api-server prefix over a counter, so
+/// its bits are not random and the table's control bytes (the hash's top bits) would collide.
+type IdMap<V> = rustc_hash::FxHashMap<RequestId, V>;
 
 /// The in-flight requests of one worker epoch.
 #[derive(Debug)]

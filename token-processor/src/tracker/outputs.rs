@@ -194,14 +194,16 @@ mod tests {
     use proto::tp_api::{OutputErrorKind, TpToApi};
 
     use super::*;
-    use crate::synth::SplitMix64;
+    use rand::{RngCore, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
     use crate::tracker::Figures;
 
     /// A seeded mix of outputs: tokens only, empty, final with and without figures or error.
-    fn random_output(rng: &mut SplitMix64, id: RequestId) -> RequestOutput {
+    fn random_output(rng: &mut ChaCha8Rng, id: RequestId) -> RequestOutput {
         let n = (rng.next_u64() % 12) as usize;
         // Every MessagePack integer width: fixint, u8, u16, u32 (and u64 ids).
-        let width = |rng: &mut SplitMix64| {
+        let width = |rng: &mut ChaCha8Rng| {
             let v = rng.next_u64();
             v >> [64 - 7, 64 - 8, 64 - 16, 64 - 32, 0][(v % 5) as usize]
         };
@@ -240,7 +242,7 @@ mod tests {
 
     #[test]
     fn flat_outputs_encode_exactly_as_the_wire_type() {
-        let mut rng = SplitMix64::new(7);
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
         for case in 0..200u64 {
             let outputs: Vec<RequestOutput> =
                 (0..case % 40).map(|i| random_output(&mut rng, i)).collect();
