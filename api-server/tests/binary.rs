@@ -25,6 +25,10 @@ fn spawn(
         .args(["--port", &port.to_string()])
         .args(["--worker-endpoints", &engine.worker_endpoint])
         .args(["--tp-endpoint", &engine.tp_endpoint])
+        .args([
+            "--heartbeat-interval-ms",
+            &support::INTERVAL.as_millis().to_string(),
+        ])
         .args(extra)
         .env_remove("NOTIFY_SOCKET")
         .stdout(Stdio::null())

@@ -22,10 +22,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-/// Heartbeat interval of the fakes and of the api-server under test: a peer is dead after 3 of
-/// them (600 ms). Long enough that a loaded 2-core machine stalling a test runtime for a few
-/// hundred milliseconds does not kill a peer; the tests' bounds are seconds past it.
-pub const INTERVAL: Duration = Duration::from_millis(200);
+/// Heartbeat interval of the fakes and of the api-server under test: the product's default, so a
+/// peer is dead after 1.5 s of silence. (200 ms, a 600 ms window, let a loaded 2-core machine
+/// that stalled the fakes' runtime kill a live peer and turn `/health` 503 mid-test.)
+pub const INTERVAL: Duration = link::DEFAULT_HEARTBEAT_INTERVAL;
 
 /// The api-server's stall timeout and token-processor outage window under test.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(1);
