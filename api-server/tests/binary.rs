@@ -39,6 +39,11 @@ fn spawn(
     cmd.spawn().unwrap()
 }
 
+/// The api-server with one setting in whole seconds (what a test derives its bounds from).
+fn spawn_with(engine: &FakeEngine, port: u16, flag: &str, setting: Duration) -> Child {
+    spawn(engine, port, &[flag, &setting.as_secs().to_string()], None)
+}
+
 async fn wait_healthy(port: u16) {
     support::wait_until(
         Duration::from_secs(20),
@@ -136,12 +141,7 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let engine = FakeEngine::start(behaviour, 2).await;
     let port = support::free_port();
     let grace = Duration::from_secs(20);
-    let mut child = spawn(
-        &engine,
-        port,
-        &["--shutdown-grace-secs", &grace.as_secs().to_string()],
-        None,
-    );
+    let mut child = spawn_with(&engine, port, "--shutdown-grace-secs", grace);
     wait_healthy(port).await;
     let url = format!("http://127.0.0.1:{port}/v1/completions");
     let in_flight = tokio::spawn(async move {
@@ -172,12 +172,7 @@ async fn sigterm_grace_period_bounds_a_request_that_never_ends() {
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let port = support::free_port();
     let grace = Duration::from_secs(1);
-    let mut child = spawn(
-        &engine,
-        port,
-        &["--shutdown-grace-secs", &grace.as_secs().to_string()],
-        None,
-    );
+    let mut child = spawn_with(&engine, port, "--shutdown-grace-secs", grace);
     wait_healthy(port).await;
     let url = format!("http://127.0.0.1:{port}/v1/completions");
     let _in_flight = tokio::spawn(async move {
@@ -225,15 +220,7 @@ async fn slow_and_idle_clients_are_disconnected_and_others_still_served() {
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let port = support::free_port();
     let header_timeout = Duration::from_secs(1);
-    let mut child = spawn(
-        &engine,
-        port,
-        &[
-            "--http-header-timeout-secs",
-            &header_timeout.as_secs().to_string(),
-        ],
-        None,
-    );
+    let mut child = spawn_with(&engine, port, "--http-header-timeout-secs", header_timeout);
     wait_healthy(port).await;
     let addr = format!("127.0.0.1:{port}");
 
@@ -298,15 +285,7 @@ async fn a_trickled_body_gets_408_and_a_heavy_body_is_served() {
     .await;
     let port = support::free_port();
     let body_timeout = Duration::from_secs(1);
-    let mut child = spawn(
-        &engine,
-        port,
-        &[
-            "--http-body-timeout-secs",
-            &body_timeout.as_secs().to_string(),
-        ],
-        None,
-    );
+    let mut child = spawn_with(&engine, port, "--http-body-timeout-secs", body_timeout);
     wait_healthy(port).await;
     let addr = format!("127.0.0.1:{port}");
 

@@ -207,6 +207,13 @@ async fn serve_connection(
                     }
                     Sweep::Forgive { .. } => tp.forgive(now),
                 }
+                // Until the resync is on the wire this socket has carried no batch: a heartbeat
+                // would announce the step loop's counter to a token-processor that still expects
+                // the old connection's next batch, and it would fail every request for a gap the
+                // resync is about to fill.
+                if awaiting_resync {
+                    continue;
+                }
                 let mut beat = status.heartbeat();
                 beat.next_seq = sent_next_seq.unwrap_or(beat.next_seq);
                 if !send(socket, &WorkerToTp::Heartbeat(beat), cfg.send_timeout).await {
