@@ -57,13 +57,6 @@ impl ProposerArg {
             ProposerArg::Suffix => ProposerKind::Suffix,
         }
     }
-
-    fn name(self) -> &'static str {
-        match self {
-            ProposerArg::Ngram => "ngram",
-            ProposerArg::Suffix => "suffix",
-        }
-    }
 }
 
 #[derive(Debug, Parser)]
@@ -224,7 +217,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     // not-ready hello is followed by the ready one.
     let model_label = vocab::served_model_name(&args.model);
     let proposer = if args.num_spec_tokens > 0 {
-        args.proposer.name()
+        args.proposer.kind().name()
     } else {
         "none"
     };

@@ -197,11 +197,9 @@ fn main() -> anyhow::Result<()> {
     }
     let mut proposers = Vec::new();
     for name in &args.proposers {
-        proposers.push(match name.as_str() {
-            "ngram" => (ProposerKind::Ngram, "ngram"),
-            "suffix" => (ProposerKind::Suffix, "suffix"),
-            other => anyhow::bail!("unknown proposer {other} (ngram, suffix)"),
-        });
+        let kind = ProposerKind::from_name(name)
+            .with_context(|| format!("unknown proposer {name} (ngram, suffix)"))?;
+        proposers.push((kind, kind.name()));
     }
     anyhow::ensure!(!proposers.is_empty(), "--proposers is empty");
     println!(

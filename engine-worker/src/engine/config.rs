@@ -14,6 +14,23 @@ pub enum ProposerKind {
     Suffix,
 }
 
+impl ProposerKind {
+    pub const ALL: [ProposerKind; 2] = [ProposerKind::Ngram, ProposerKind::Suffix];
+
+    /// The name the proposer reports in hellos, traces and benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProposerKind::Ngram => "ngram",
+            ProposerKind::Suffix => "suffix",
+        }
+    }
+
+    /// The proposer called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// K: most draft tokens per verify step; 0 turns speculation off.
