@@ -10,8 +10,7 @@ use proto::SpeculateMetrics;
 use tokio::time::Instant;
 
 use crate::engine::admission::Admitted;
-use crate::engine::client::SubmitRequest;
-use crate::engine::{EngineClient, EngineEvent, EngineFailure, RequestHandle};
+use crate::engine::{Engine, EngineEvent, EngineFailure, EngineRequest, SubmitRequest};
 use crate::error::ApiError;
 use crate::openai::responses::Usage;
 use crate::openai::validate::GenerateSpec;
@@ -40,10 +39,10 @@ pub struct ChoiceEnd {
     pub speculate_metrics: Option<SpeculateMetrics>,
 }
 
-/// One choice in flight.
-pub struct ChoiceRun {
+/// One choice in flight, over its engine request `R`.
+pub struct ChoiceRun<R> {
     pub index: u32,
-    handle: RequestHandle,
+    request: R,
     decoder: IncrementalDecoder,
     prompt_tokens: u32,
     deadline: Instant,
@@ -68,12 +67,12 @@ fn failure_error(failure: EngineFailure) -> ApiError {
 
 /// Admits every choice of `spec` (a 429 when the server stays full past the admission wait),
 /// then submits them; on any failure the ones already submitted are aborted.
-pub async fn start_choices(
-    engine: &EngineClient,
+pub async fn start_choices<E: Engine>(
+    engine: &E,
     tokenizer: &Arc<Tokenizer>,
     spec: &GenerateSpec,
     timeout: Duration,
-) -> Result<Vec<ChoiceRun>, ApiError> {
+) -> Result<Vec<ChoiceRun<E::Request>>, ApiError> {
     let deadline = Instant::now() + timeout;
     let sequences = spec.prompts.len() * spec.n as usize;
     let mut admitted = engine.admit(sequences).await?;
@@ -83,7 +82,7 @@ pub async fn start_choices(
             let mut sampling = spec.sampling.clone();
             // Each choice samples on its own: derive distinct seeds from the request's.
             sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(j)));
-            let handle = engine.submit(SubmitRequest {
+            let request = engine.submit(SubmitRequest {
                 prompt_token_ids: prompt.clone(),
                 sampling,
                 stop: spec.stop.clone(),
@@ -91,7 +90,7 @@ pub async fn start_choices(
             })?;
             runs.push(ChoiceRun {
                 index: p as u32 * spec.n + j,
-                handle,
+                request,
                 decoder: IncrementalDecoder::new(
                     Arc::clone(tokenizer),
                     spec.stop.stop_strings.clone(),
@@ -107,7 +106,7 @@ pub async fn start_choices(
     Ok(runs)
 }
 
-impl ChoiceRun {
+impl<R: EngineRequest> ChoiceRun<R> {
     /// The next update, `None` after the end.
     pub async fn step(&mut self) -> Option<Result<ChoiceUpdate, ApiError>> {
         if self.ended {
@@ -122,7 +121,7 @@ impl ChoiceRun {
 
     async fn step_inner(&mut self) -> Result<ChoiceUpdate, ApiError> {
         loop {
-            let event = match tokio::time::timeout_at(self.deadline, self.handle.next()).await {
+            let event = match tokio::time::timeout_at(self.deadline, self.request.next()).await {
                 Ok(event) => event,
                 Err(_) => {
                     return Err(ApiError::Timeout {
@@ -145,12 +144,8 @@ impl ChoiceRun {
                 EngineEvent::Finished(finished) => {
                     let completion = finished.usage.map(|u| u.completion_tokens);
                     let reason = finished.reason.as_str();
-                    let metrics = if self.handle.speculative {
-                        finished.speculate_metrics
-                    } else {
-                        None
-                    };
-                    let mut end = self.end(completion, metrics);
+                    // The token-processor attaches figures only when the worker speculates.
+                    let mut end = self.end(completion, finished.speculate_metrics);
                     if self.decoder.matched_stop().is_none() {
                         end.finish_reason = reason;
                     }
@@ -208,7 +203,9 @@ impl ChoiceRun {
 }
 
 /// Runs every choice concurrently; the first failure fails the request (and aborts the rest).
-pub async fn collect_all(runs: Vec<ChoiceRun>) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
+pub async fn collect_all<R: EngineRequest>(
+    runs: Vec<ChoiceRun<R>>,
+) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
     let results =
         futures::future::try_join_all(runs.into_iter().map(ChoiceRun::run_to_end)).await?;
     Ok(results)

@@ -122,7 +122,39 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.worker_endpoints.is_empty() {
         anyhow::bail!("--worker-endpoints must name at least one engine-worker");
     }
+    let (model, max_model_len) = load_model(&args)?;
+    let api_server_id = args
+        .api_server_id
+        .clone()
+        .unwrap_or_else(|| link::identity::default_id("api", &format!("port-{}", args.port)));
+    let engine = EngineClient::start(engine_config(&args, api_server_id.clone())?);
+    let idle_trim = Arc::new(IdleTrim::default());
+    tokio::spawn(api_server::memory::run(idle_trim.clone(), engine.clone()));
+    let state = app_state(&args, model, max_model_len, engine.clone(), idle_trim);
+    let app = router(state, ApiKey(args.api_key.clone().map(Into::into)));
 
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    tracing::info!(
+        %addr,
+        %api_server_id,
+        workers = args.worker_endpoints.len(),
+        tp = %args.tp_endpoint,
+        "listening"
+    );
+    tokio::spawn(api_server::notify::run(engine.clone()));
+    serve_until_shutdown(&args, listener, app, &engine).await;
+    engine.shutdown(Duration::from_secs(2)).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The tokenizer and chat template, and the context length (the flag's, else the model's).
+fn load_model(args: &Args) -> anyhow::Result<(ModelAssets, u32)> {
     let model = ModelAssets::load(&args.model)
         .with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
     let max_model_len = match (args.max_model_len, model.context_length) {
@@ -136,15 +168,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         chat_template = model.chat_template.is_some(),
         "tokenizer loaded"
     );
+    Ok((model, max_model_len))
+}
 
-    let api_server_id = args
-        .api_server_id
-        .clone()
-        .unwrap_or_else(|| link::identity::default_id("api", &format!("port-{}", args.port)));
+fn engine_config(args: &Args, api_server_id: String) -> anyhow::Result<EngineConfig> {
     let mut engine_config = EngineConfig::new(
         args.worker_endpoints.clone(),
         args.tp_endpoint.clone(),
-        api_server_id.clone(),
+        api_server_id,
     );
     engine_config.liveness = args.service.liveness();
     let endpoints: Vec<&str> = args
@@ -162,22 +193,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         n => AdmissionBound::Fixed(n),
     };
     engine_config.admission_wait = Duration::from_millis(args.admission_wait_ms);
-    let engine = EngineClient::start(engine_config);
-    let model_root = args.model.display().to_string();
+    Ok(engine_config)
+}
+
+fn app_state(
+    args: &Args,
+    model: ModelAssets,
+    max_model_len: u32,
+    engine: EngineClient,
+    idle_trim: Arc<IdleTrim>,
+) -> AppState {
     let served_model_name = args
         .served_model_name
         .clone()
         .unwrap_or_else(|| vocab::served_model_name(&args.model));
     let model_names = api_server::model::model_aliases(&served_model_name, &args.model);
-    let idle_trim = Arc::new(IdleTrim::default());
-    tokio::spawn(api_server::memory::run(idle_trim.clone(), engine.clone()));
-    let state = AppState {
+    AppState {
         model: Arc::new(model),
         served_model_name: served_model_name.into(),
         model_names: model_names.into(),
-        model_root: model_root.into(),
+        model_root: args.model.display().to_string().into(),
         limits: Arc::new(Limits::new(max_model_len)),
-        engine: engine.clone(),
+        engine,
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         body: BodyLimits::new(
             args.max_body_bytes,
@@ -186,24 +223,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ),
         started_unix: api_server::openai::responses::unix_now(),
         idle_trim,
-    };
-    let app = router(state, ApiKey(args.api_key.clone().map(Into::into)));
+    }
+}
 
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(
-        %addr,
-        %api_server_id,
-        workers = args.worker_endpoints.len(),
-        tp = %args.tp_endpoint,
-        "listening"
-    );
-    tokio::spawn(api_server::notify::run(engine.clone()));
-
+/// Serves until a shutdown signal, then drains in-flight requests for at most the grace period.
+async fn serve_until_shutdown(
+    args: &Args,
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    engine: &EngineClient,
+) {
     let (signalled_tx, signalled_rx) = tokio::sync::watch::channel(false);
     let drain_engine = engine.clone();
     let graceful = async move {
@@ -228,7 +257,4 @@ async fn run(args: Args) -> anyhow::Result<()> {
         () = server => {}
         _ = deadline => tracing::warn!(in_flight = engine.in_flight(), "grace period over; exiting"),
     }
-    engine.shutdown(Duration::from_secs(2)).await;
-    tracing::info!("stopped");
-    Ok(())
 }

@@ -11,15 +11,21 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
 
+use crate::engine::EngineRequest;
 use crate::error::ApiError;
 use crate::generate::{ChoiceEnd, ChoiceRun, ChoiceUpdate};
 use crate::openai::responses::Usage;
 
-/// What the formatter is asked to write.
-pub enum StreamItem<'a> {
-    Update(&'a ChoiceUpdate),
+/// How a stream writes its chunks; chat's and completions' differ in their choices.
+pub trait StreamChunks: Send + 'static {
+    /// What goes before any output (chat opens each choice with the assistant role).
+    fn opening(&self) -> Vec<Bytes>;
+    /// A choice's new text.
+    fn text(&self, index: u32, text: String) -> Bytes;
+    /// A choice's end, with its last text and figures.
+    fn end(&self, end: &ChoiceEnd) -> Bytes;
     /// The final usage chunk (only with `include_usage`).
-    Usage(Usage),
+    fn usage(&self, usage: Usage) -> Bytes;
 }
 
 pub fn sse_event<T: Serialize>(value: &T) -> Bytes {
@@ -35,26 +41,24 @@ fn error_event(err: &ApiError) -> Bytes {
     Bytes::from(format!("data: {}\n\n", err.envelope_json()))
 }
 
-/// Merges the choices' updates into one SSE body. `prelude` goes first (chat's role chunks);
-/// `format` turns each update into one chunk.
 /// How long a stream waits for its first output before answering 200 anyway. A refusal or a
 /// failure within it (a worker rejects at once) gets its HTTP status; a request queued longer
 /// learns now that it was admitted, and a later failure arrives as an error event.
 pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(500);
 
 /// A run with its first update taken when it came within the patience (see [`first_updates`]).
-pub struct PrimedRun {
-    run: ChoiceRun,
+pub struct PrimedRun<R> {
+    run: ChoiceRun<R>,
     first: Option<ChoiceUpdate>,
 }
 
 /// Waits up to `patience` for every run's first update, so a request the engine refuses or
 /// fails before any output gets a proper HTTP status instead of a 200 stream holding an error
 /// event, while a queued one is not left without a status.
-pub async fn first_updates(
-    runs: Vec<ChoiceRun>,
+pub async fn first_updates<R: EngineRequest>(
+    runs: Vec<ChoiceRun<R>>,
     patience: Duration,
-) -> Result<Vec<PrimedRun>, ApiError> {
+) -> Result<Vec<PrimedRun<R>>, ApiError> {
     let until = tokio::time::Instant::now() + patience;
     futures::future::try_join_all(runs.into_iter().map(|mut run| async move {
         // `step` is cancel-safe: it changes nothing until an engine event arrives.
@@ -71,16 +75,13 @@ pub async fn first_updates(
     .await
 }
 
-pub fn sse_response<F>(
-    runs: Vec<PrimedRun>,
-    prelude: Vec<Bytes>,
+/// Merges the choices' updates into one SSE body, each update written as one chunk.
+pub fn sse_response<R: EngineRequest>(
+    runs: Vec<PrimedRun<R>>,
+    chunks: impl StreamChunks,
     include_usage: bool,
     n: u32,
-    format: F,
-) -> Response
-where
-    F: Fn(StreamItem<'_>) -> Bytes + Send + 'static,
-{
+) -> Response {
     let updates = stream::select_all(runs.into_iter().map(|PrimedRun { run, first }| {
         Box::pin(
             stream::iter(first.map(Ok)).chain(stream::unfold(run, |mut run| async move {
@@ -88,11 +89,12 @@ where
             })),
         )
     }));
-    let body = stream::iter(prelude.into_iter().map(Ok::<_, Infallible>)).chain(events(
+    let opening = chunks.opening();
+    let body = stream::iter(opening.into_iter().map(Ok::<_, Infallible>)).chain(events(
         updates,
         include_usage,
         n,
-        format,
+        chunks,
     ));
     let mut response = Body::from_stream(body).into_response();
     let headers = response.headers_mut();
@@ -104,26 +106,26 @@ where
     response
 }
 
-fn events<S, F>(
+fn events<S, C>(
     updates: S,
     include_usage: bool,
     n: u32,
-    format: F,
+    chunks: C,
 ) -> impl Stream<Item = Result<Bytes, Infallible>>
 where
     S: Stream<Item = Result<ChoiceUpdate, ApiError>> + Unpin + Send + 'static,
-    F: Fn(StreamItem<'_>) -> Bytes + Send + 'static,
+    C: StreamChunks,
 {
-    struct State<S, F> {
+    struct State<S, C> {
         /// `None` once failed: dropping the runs aborts their engine requests at once.
         updates: Option<S>,
-        format: F,
+        chunks: C,
         ends: Vec<ChoiceEnd>,
         finished: bool,
     }
     let state = State {
         updates: Some(updates),
-        format,
+        chunks,
         ends: Vec::new(),
         finished: false,
     };
@@ -133,11 +135,12 @@ where
         }
         let updates = st.updates.as_mut()?;
         match updates.next().await {
-            Some(Ok(update)) => {
-                let bytes = (st.format)(StreamItem::Update(&update));
-                if let ChoiceUpdate::End(end) = update {
-                    st.ends.push(*end);
-                }
+            Some(Ok(ChoiceUpdate::Text { index, text })) => {
+                Some((Ok(st.chunks.text(index, text)), st))
+            }
+            Some(Ok(ChoiceUpdate::End(end))) => {
+                let bytes = st.chunks.end(&end);
+                st.ends.push(*end);
                 Some((Ok(bytes), st))
             }
             Some(Err(err)) => {
@@ -153,7 +156,7 @@ where
                 if include_usage {
                     let ends: Vec<&ChoiceEnd> = st.ends.iter().collect();
                     let usage = crate::generate::total_usage(&ends, n);
-                    bytes.extend_from_slice(&(st.format)(StreamItem::Usage(usage)));
+                    bytes.extend_from_slice(&st.chunks.usage(usage));
                 }
                 bytes.extend_from_slice(&done());
                 Some((Ok(Bytes::from(bytes)), st))

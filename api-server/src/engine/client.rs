@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use proto::api_worker::{AddRequest, ApiToWorker, SamplingParams, StopConditions};
+use proto::api_worker::{AddRequest, ApiToWorker};
 use proto::{FinishReason, RequestId};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -15,22 +15,15 @@ use super::admission::Admitted;
 use super::peers::least_loaded;
 use super::registry::REQUEST_CHANNEL_CAPACITY;
 use super::shared::{lock, Shared};
-use super::{links, EngineConfig, EngineEvent, EngineFailure};
+use super::{
+    links, Engine, EngineConfig, EngineEvent, EngineFailure, EngineRequest, SubmitRequest,
+};
 use crate::error::ApiError;
 
 /// Frames queued per worker link (requests and aborts) while it sends or reconnects.
 const WORKER_QUEUE: usize = 4096;
 /// How often liveness is checked (the api-server's main loop; it feeds the watchdog).
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
-
-/// One engine request to submit.
-#[derive(Debug, Clone)]
-pub struct SubmitRequest {
-    pub prompt_token_ids: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub stop: StopConditions,
-    pub max_tokens: u32,
-}
 
 /// Cheap to clone; every clone talks to the same links.
 #[derive(Clone)]
@@ -85,24 +78,109 @@ impl EngineClient {
         }
     }
 
-    /// `Ok` when a request could complete now: a worker is routable, the token-processor
-    /// takes its step batches, and the token-processor's outputs reach us. Otherwise why not.
-    pub fn readiness(&self) -> Result<(), String> {
-        self.shared.readiness()
-    }
-
-    /// The context length of the workers requests go to (None before any is servable).
-    pub fn max_model_len(&self) -> Option<u32> {
-        self.shared.max_model_len()
-    }
-
     pub fn in_flight(&self) -> usize {
         lock(&self.shared.registry).len()
     }
 
-    /// What `/health` shows operators (and the leak tests): in-flight requests here, and each
-    /// worker's liveness and load as its last heartbeat reported it.
-    pub fn status(&self) -> serde_json::Value {
+    /// Stops taking new requests (in-flight ones go on).
+    pub fn stop_accepting(&self) {
+        self.shared.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends every in-flight request, closes the links and waits (bounded) for their tasks.
+    pub async fn shutdown(&self, wait: Duration) {
+        self.stop_accepting();
+        let lost = lock(&self.shared.registry).fail_all(None, EngineFailure::ShuttingDown);
+        for (id, worker) in lost {
+            self.shared.send_abort(worker, id);
+        }
+        let _ = self.shutdown.send(true);
+        let tasks: Vec<_> = std::mem::take(&mut *lock(&self.tasks));
+        let _ = tokio::time::timeout(wait, futures::future::join_all(tasks)).await;
+    }
+}
+
+impl Engine for EngineClient {
+    type Request = RequestHandle;
+
+    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
+    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
+    async fn admit(&self, sequences: usize) -> Result<Vec<Admitted>, ApiError> {
+        let auto = self.shared.auto_admission_bound();
+        self.shared.admission.admit(sequences, auto).await
+    }
+
+    /// Sends one engine request to the least-loaded live worker.
+    fn submit(&self, request: SubmitRequest) -> Result<RequestHandle, ApiError> {
+        let shared = &self.shared;
+        if !shared.accepting.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if !lock(&shared.tp).alive() {
+            return Err(ApiError::unavailable(
+                "the token processor is not available",
+            ));
+        }
+        let id = shared.ids.next();
+        let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
+        let worker = {
+            let mut registry = lock(&shared.registry);
+            let tp = lock(&shared.tp);
+            let workers = lock(&shared.workers);
+            let worker = least_loaded(&workers, &tp, |i| registry.in_flight_on(i))
+                .ok_or_else(|| ApiError::unavailable("no engine worker is available"))?;
+            if !registry.insert(id, worker, tx) {
+                return Err(ApiError::Overloaded {
+                    message: "too many requests in flight; retry later".into(),
+                });
+            }
+            worker
+        };
+        let add = AddRequest {
+            id,
+            prompt_token_ids: request.prompt_token_ids,
+            sampling: request.sampling,
+            stop: request.stop,
+            max_tokens: request.max_tokens,
+            arrival_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            owner: shared.config.api_server_id.clone(),
+        };
+        if shared.worker_tx[worker]
+            .try_send(ApiToWorker::Add(add))
+            .is_err()
+        {
+            lock(&shared.registry).remove(id);
+            return Err(ApiError::Overloaded {
+                message: "the engine queue is full; retry later".into(),
+            });
+        }
+        tracing::debug!(request_id = id, worker, "engine request submitted");
+        Ok(RequestHandle {
+            id,
+            worker,
+            rx,
+            shared: Arc::clone(shared),
+            done: false,
+        })
+    }
+
+    /// The context length of the workers requests go to (None before any is servable).
+    fn max_model_len(&self) -> Option<u32> {
+        self.shared.max_model_len()
+    }
+
+    /// `Ok` when a request could complete now: a worker is routable, the token-processor
+    /// takes its step batches, and the token-processor's outputs reach us. Otherwise why not.
+    fn readiness(&self) -> Result<(), String> {
+        self.shared.readiness()
+    }
+
+    /// In-flight requests here, and each worker's liveness and load as its last heartbeat
+    /// reported it.
+    fn status(&self) -> serde_json::Value {
         let tp = lock(&self.shared.tp);
         let workers: Vec<_> = lock(&self.shared.workers)
             .iter()
@@ -139,90 +217,8 @@ impl EngineClient {
         })
     }
 
-    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
-    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
-    pub async fn admit(&self, sequences: usize) -> Result<Vec<Admitted>, ApiError> {
-        let auto = self.shared.auto_admission_bound();
-        self.shared.admission.admit(sequences, auto).await
-    }
-
-    /// Stops taking new requests (in-flight ones go on).
-    pub fn stop_accepting(&self) {
-        self.shared.accepting.store(false, Ordering::Relaxed);
-    }
-
-    /// Ends every in-flight request, closes the links and waits (bounded) for their tasks.
-    pub async fn shutdown(&self, wait: Duration) {
-        self.stop_accepting();
-        let lost = lock(&self.shared.registry).fail_all(None, EngineFailure::ShuttingDown);
-        for (id, worker) in lost {
-            self.shared.send_abort(worker, id);
-        }
-        let _ = self.shutdown.send(true);
-        let tasks: Vec<_> = std::mem::take(&mut *lock(&self.tasks));
-        let _ = tokio::time::timeout(wait, futures::future::join_all(tasks)).await;
-    }
-
-    /// Sends one engine request to the least-loaded live worker.
-    pub fn submit(&self, request: SubmitRequest) -> Result<RequestHandle, ApiError> {
-        let shared = &self.shared;
-        if !shared.accepting.load(Ordering::Relaxed) {
-            return Err(ApiError::unavailable("the server is shutting down"));
-        }
-        if !lock(&shared.tp).alive() {
-            return Err(ApiError::unavailable(
-                "the token processor is not available",
-            ));
-        }
-        let id = shared.ids.next();
-        let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
-        let (worker, speculative) = {
-            let mut registry = lock(&shared.registry);
-            let tp = lock(&shared.tp);
-            let workers = lock(&shared.workers);
-            let worker = least_loaded(&workers, &tp, |i| registry.in_flight_on(i))
-                .ok_or_else(|| ApiError::unavailable("no engine worker is available"))?;
-            if !registry.insert(id, worker, tx) {
-                return Err(ApiError::Overloaded {
-                    message: "too many requests in flight; retry later".into(),
-                });
-            }
-            let k = workers[worker]
-                .hello
-                .as_ref()
-                .map_or(0, |h| h.num_spec_tokens);
-            (worker, k > 0)
-        };
-        let add = AddRequest {
-            id,
-            prompt_token_ids: request.prompt_token_ids,
-            sampling: request.sampling,
-            stop: request.stop,
-            max_tokens: request.max_tokens,
-            arrival_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            owner: shared.config.api_server_id.clone(),
-        };
-        if shared.worker_tx[worker]
-            .try_send(ApiToWorker::Add(add))
-            .is_err()
-        {
-            lock(&shared.registry).remove(id);
-            return Err(ApiError::Overloaded {
-                message: "the engine queue is full; retry later".into(),
-            });
-        }
-        tracing::debug!(request_id = id, worker, "engine request submitted");
-        Ok(RequestHandle {
-            id,
-            worker,
-            rx,
-            shared: Arc::clone(shared),
-            done: false,
-            speculative,
-        })
+    fn in_flight(&self) -> usize {
+        EngineClient::in_flight(self)
     }
 }
 
@@ -234,17 +230,16 @@ pub struct RequestHandle {
     rx: mpsc::Receiver<EngineEvent>,
     shared: Arc<Shared>,
     done: bool,
-    /// The worker speculates (K > 0); otherwise `speculate_metrics` is null.
-    pub speculative: bool,
 }
 
 impl RequestHandle {
     pub fn id(&self) -> RequestId {
         self.id
     }
+}
 
-    /// Next event; after a `Finished` or `Failed` the handle is done.
-    pub async fn next(&mut self) -> EngineEvent {
+impl EngineRequest for RequestHandle {
+    async fn next(&mut self) -> EngineEvent {
         if self.done {
             return EngineEvent::Failed(EngineFailure::Dropped);
         }

@@ -3,6 +3,7 @@
 //! ([`peers`]), in-flight requests and their output channels ([`registry`]), and the handle a
 //! route holds for one engine request ([`client`]), and the bound on sequences in flight
 //! ([`admission`]). Imports go one way: client → links → shared → peers, registry, admission.
+//! The routes see only the [`Engine`] trait, so their tests can run on an in-process fake.
 
 pub mod admission;
 pub mod client;
@@ -12,17 +13,63 @@ pub mod peers;
 pub mod registry;
 pub(crate) mod shared;
 
+use std::future::Future;
 use std::time::Duration;
 
 use link::Liveness;
 
-use admission::AdmissionBound;
+use admission::{AdmissionBound, Admitted};
 
-use proto::api_worker::RejectReason;
+use proto::api_worker::{RejectReason, SamplingParams, StopConditions};
 use proto::tp_api::Usage as EngineUsage;
 use proto::{FinishReason, SpeculateMetrics};
 
+use crate::error::ApiError;
+
 pub use client::{EngineClient, RequestHandle};
+
+/// What the routes need of an engine. [`EngineClient`] is the real one; route tests use an
+/// in-process fake. Both calls that wait return `Send` futures, so handlers stay `Send`.
+pub trait Engine: Clone + Send + Sync + 'static {
+    type Request: EngineRequest;
+
+    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
+    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
+    fn admit(
+        &self,
+        sequences: usize,
+    ) -> impl Future<Output = Result<Vec<Admitted>, ApiError>> + Send;
+
+    /// Starts one engine request; dropping the returned request before its end aborts it.
+    fn submit(&self, request: SubmitRequest) -> Result<Self::Request, ApiError>;
+
+    /// The context length of the workers requests go to (None before any is servable).
+    fn max_model_len(&self) -> Option<u32>;
+
+    /// `Ok` when a request could complete now; otherwise why not.
+    fn readiness(&self) -> Result<(), String>;
+
+    /// What `/health` shows operators.
+    fn status(&self) -> serde_json::Value;
+
+    /// Engine requests in flight.
+    fn in_flight(&self) -> usize;
+}
+
+/// One engine request as a route sees it.
+pub trait EngineRequest: Send + 'static {
+    /// Next event; after a `Finished` or `Failed` the request is over.
+    fn next(&mut self) -> impl Future<Output = EngineEvent> + Send;
+}
+
+/// One engine request to submit.
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopConditions,
+    pub max_tokens: u32,
+}
 
 /// How this api-server reaches its engine.
 #[derive(Debug, Clone)]

@@ -34,17 +34,6 @@ pub struct CompletionChoice {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct CompletionResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
-#[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: String,
@@ -60,13 +49,15 @@ pub struct ChatChoice {
     pub speculate_metrics: Option<SpeculateMetrics>,
 }
 
+/// A response answered whole (not streamed); `choices` holds [`CompletionChoice`]s or
+/// [`ChatChoice`]s.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatResponse {
+pub struct WholeResponse<C> {
     pub id: String,
     pub object: &'static str,
     pub created: u64,
     pub model: String,
-    pub choices: Vec<ChatChoice>,
+    pub choices: Vec<C>,
     pub usage: Usage,
 }
 

@@ -244,7 +244,8 @@ fn stop_strings(stop: &Option<StopInput>, limits: &Limits) -> Result<Vec<String>
     Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-/// Checks the sampling and stopping fields and sizes each prompt's completion budget.
+/// Checks the sampling and stopping fields and sizes each prompt's completion budget. The
+/// checks run in the fields' order, so a request with several bad fields names the same one.
 pub fn generate_spec(
     prompts: Vec<Vec<u32>>,
     fields: &SamplingFields,
@@ -253,6 +254,39 @@ pub fn generate_spec(
     tokenizer: &Tokenizer,
     limits: &Limits,
 ) -> Result<GenerateSpec, ApiError> {
+    let sampling = sampling_params(fields, tokenizer)?;
+    let n = choice_count(fields.n, prompts.len(), limits)?;
+    if fields.user.as_ref().is_some_and(|u| u.len() > 1024) {
+        return Err(ApiError::invalid("user", "user is limited to 1024 bytes"));
+    }
+    let stop_token_ids = stop_token_ids(fields.stop_token_ids.as_deref(), tokenizer)?;
+    let (stream, include_usage) = stream_flags(fields)?;
+    let budgets = prompts
+        .iter()
+        .map(|prompt| completion_budget(prompt.len(), max_tokens, default_max_tokens, limits))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stop_strings = stop_strings(&fields.stop, limits)?;
+    Ok(GenerateSpec {
+        prompts,
+        max_tokens: budgets,
+        n,
+        sampling,
+        stop: StopConditions {
+            stop_token_ids,
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            stop_strings,
+        },
+        stream,
+        include_usage,
+    })
+}
+
+/// Temperature, top-p, top-k and seed; penalties and logit bias, which the engine does not
+/// apply, only in their neutral values.
+fn sampling_params(
+    fields: &SamplingFields,
+    tokenizer: &Tokenizer,
+) -> Result<SamplingParams, ApiError> {
     let temperature = finite_in(
         "temperature",
         fields.temperature,
@@ -291,7 +325,17 @@ pub fn generate_spec(
             ))
         }
     };
-    let n = match fields.n {
+    Ok(SamplingParams {
+        temperature: temperature.unwrap_or(1.0) as f32,
+        top_p: top_p.unwrap_or(1.0) as f32,
+        top_k,
+        seed: fields.seed.map(|s| s as u64),
+    })
+}
+
+/// `n`, within its cap and the cap on sequences (prompts × `n`) per request.
+fn choice_count(n: Option<i64>, prompts: usize, limits: &Limits) -> Result<u32, ApiError> {
+    let n = match n {
         None => 1,
         Some(n) if n >= 1 && n <= i64::from(limits.max_n) => n as u32,
         Some(_) => {
@@ -301,27 +345,26 @@ pub fn generate_spec(
             ))
         }
     };
-    if prompts.len() * n as usize > limits.max_sequences {
+    if prompts * n as usize > limits.max_sequences {
         return Err(ApiError::invalid(
             "n",
             format!(
                 "prompts × n is {} here; at most {} sequences per request",
-                prompts.len() * n as usize,
+                prompts * n as usize,
                 limits.max_sequences
             ),
         ));
     }
-    if fields.user.as_ref().is_some_and(|u| u.len() > 1024) {
-        return Err(ApiError::invalid("user", "user is limited to 1024 bytes"));
-    }
-    let stop_token_ids = match &fields.stop_token_ids {
-        None => Vec::new(),
-        Some(ids) if ids.len() > 256 => {
-            return Err(ApiError::invalid(
-                "stop_token_ids",
-                "at most 256 stop token ids",
-            ))
-        }
+    Ok(n)
+}
+
+fn stop_token_ids(ids: Option<&[i64]>, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    match ids {
+        None => Ok(Vec::new()),
+        Some(ids) if ids.len() > 256 => Err(ApiError::invalid(
+            "stop_token_ids",
+            "at most 256 stop token ids",
+        )),
         Some(ids) => ids
             .iter()
             .map(|&id| {
@@ -332,8 +375,12 @@ pub fn generate_spec(
                         ApiError::invalid("stop_token_ids", "stop token id outside the vocabulary")
                     })
             })
-            .collect::<Result<Vec<_>, _>>()?,
-    };
+            .collect(),
+    }
+}
+
+/// `stream`, and whether the stream ends with a usage chunk.
+fn stream_flags(fields: &SamplingFields) -> Result<(bool, bool), ApiError> {
     let stream = fields.stream.unwrap_or(false);
     if fields.stream_options.is_some() && !stream {
         return Err(ApiError::invalid(
@@ -346,56 +393,39 @@ pub fn generate_spec(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
+    Ok((stream, include_usage))
+}
 
+/// The completion budget of a prompt of `len` tokens: what the request asks for, if the
+/// context has room for it, else the default.
+fn completion_budget(
+    len: usize,
+    max_tokens: Option<i64>,
+    default_max_tokens: DefaultMaxTokens,
+    limits: &Limits,
+) -> Result<u32, ApiError> {
     let ctx = limits.max_model_len;
-    let mut budgets = Vec::with_capacity(prompts.len());
-    for prompt in &prompts {
-        let len = prompt.len() as u64;
-        if len >= u64::from(ctx) {
-            return Err(ApiError::ContextLength {
-                param: "prompt",
-                message: format!(
-                    "This model's maximum context length is {ctx} tokens. However, your prompt has {len} tokens."
-                ),
-            });
-        }
-        let room = ctx - len as u32;
-        let budget = match (max_tokens, default_max_tokens) {
-            (Some(m), _) if m < 1 => {
-                return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"))
-            }
-            (Some(m), _) if m > i64::from(room) => {
-                return Err(ApiError::ContextLength {
-                    param: "max_tokens",
-                    message: format!(
-                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({len} in the prompt, {m} for the completion).",
-                        i128::from(len) + i128::from(m)
-                    ),
-                })
-            }
-            (Some(m), _) => m as u32,
-            (None, DefaultMaxTokens::Fixed(d)) => d.min(room),
-            (None, DefaultMaxTokens::RestOfContext) => room,
-        };
-        budgets.push(budget);
+    let len = len as u64;
+    if len >= u64::from(ctx) {
+        return Err(ApiError::ContextLength {
+            param: "prompt",
+            message: format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt has {len} tokens."
+            ),
+        });
     }
-    let stop_strings = stop_strings(&fields.stop, limits)?;
-    Ok(GenerateSpec {
-        prompts,
-        max_tokens: budgets,
-        n,
-        sampling: SamplingParams {
-            temperature: temperature.unwrap_or(1.0) as f32,
-            top_p: top_p.unwrap_or(1.0) as f32,
-            top_k,
-            seed: fields.seed.map(|s| s as u64),
-        },
-        stop: StopConditions {
-            stop_token_ids,
-            ignore_eos: fields.ignore_eos.unwrap_or(false),
-            stop_strings,
-        },
-        stream,
-        include_usage,
-    })
+    let room = ctx - len as u32;
+    match (max_tokens, default_max_tokens) {
+        (Some(m), _) if m < 1 => Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1")),
+        (Some(m), _) if m > i64::from(room) => Err(ApiError::ContextLength {
+            param: "max_tokens",
+            message: format!(
+                "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({len} in the prompt, {m} for the completion).",
+                i128::from(len) + i128::from(m)
+            ),
+        }),
+        (Some(m), _) => Ok(m as u32),
+        (None, DefaultMaxTokens::Fixed(d)) => Ok(d.min(room)),
+        (None, DefaultMaxTokens::RestOfContext) => Ok(room),
+    }
 }

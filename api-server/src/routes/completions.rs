@@ -1,25 +1,15 @@
-//! `POST /v1/completions`.
+//! `POST /v1/completions`: the [`Completions`] flavour of the generation route.
 
-use std::sync::Arc;
-
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-
-use super::AppState;
-use crate::body::{read_json, Parsed};
+use super::generation::Flavour;
 use crate::error::ApiError;
-use crate::generate::{collect_all, start_choices, total_usage, ChoiceUpdate};
+use crate::generate::ChoiceEnd;
+use crate::model::ModelAssets;
 use crate::openai::requests::CompletionRequest;
-use crate::openai::responses::{
-    response_id, unix_now, Chunk, CompletionChoice, CompletionResponse, UsageField,
+use crate::openai::responses::CompletionChoice;
+use crate::openai::validate::{
+    completion_prompts, generate_spec, DefaultMaxTokens, GenerateSpec, Limits,
 };
-use crate::openai::validate::{check_model, completion_prompts, generate_spec, DefaultMaxTokens};
-use crate::stream::{first_updates, sse_event, sse_response, StreamItem, FIRST_UPDATE_PATIENCE};
 
-const OBJECT: &str = "text_completion";
 /// vLLM's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
@@ -42,105 +32,71 @@ fn unsupported_fields(req: &CompletionRequest) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub async fn handle(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let Parsed { value: req, heavy } =
-        read_json::<CompletionRequest>(&headers, body, &state.body).await?;
-    check_model(req.model.as_deref(), &state.model_names)?;
-    unsupported_fields(&req)?;
-    let (assets, limits) = (Arc::clone(&state.model), state.limits());
-    let spec = state
-        .body
-        .run(heavy, move || {
-            let prompts = completion_prompts(&req.prompt, &assets.tokenizer, &limits)?;
-            generate_spec(
-                prompts,
-                &req.sampling,
-                req.sampling.max_tokens,
-                DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
-                &assets.tokenizer,
-                &limits,
-            )
-        })
-        .await?;
-    let tokenizer = &state.model.tokenizer;
-    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout).await?;
-    let id = response_id("cmpl");
-    let created = unix_now();
-    let model = state.served_model_name.to_string();
+pub struct Completions;
 
-    if spec.stream {
-        let usage_field = UsageField::for_stream_chunks(spec.include_usage);
-        let format = move |item: StreamItem<'_>| -> Bytes {
-            let (choices, usage) = match item {
-                StreamItem::Update(ChoiceUpdate::Text { index, text }) => (
-                    vec![CompletionChoice {
-                        index: *index,
-                        text: text.clone(),
-                        logprobs: None,
-                        finish_reason: None,
-                        stop_reason: None,
-                        speculate_metrics: None,
-                    }],
-                    usage_field,
-                ),
-                StreamItem::Update(ChoiceUpdate::End(end)) => (
-                    vec![CompletionChoice {
-                        index: end.index,
-                        text: end.text.clone(),
-                        logprobs: None,
-                        finish_reason: Some(end.finish_reason),
-                        stop_reason: end.stop_reason.clone(),
-                        speculate_metrics: end.speculate_metrics.clone(),
-                    }],
-                    usage_field,
-                ),
-                StreamItem::Usage(usage) => (Vec::new(), UsageField::Totals(usage)),
-            };
-            sse_event(&Chunk {
-                id: id.clone(),
-                object: OBJECT,
-                created,
-                model: model.clone(),
-                choices,
-                usage,
-            })
-        };
-        let runs = first_updates(runs, FIRST_UPDATE_PATIENCE).await?;
-        return Ok(sse_response(
-            runs,
-            Vec::new(),
-            spec.include_usage,
-            spec.n,
-            format,
-        ));
+impl Flavour for Completions {
+    type Request = CompletionRequest;
+    type Choice = CompletionChoice;
+    type ChunkChoice = CompletionChoice;
+    const ID_PREFIX: &'static str = "cmpl";
+    const OBJECT: &'static str = "text_completion";
+    const CHUNK_OBJECT: &'static str = "text_completion";
+
+    fn model(request: &CompletionRequest) -> Option<&str> {
+        request.model.as_deref()
     }
 
-    let results = collect_all(runs).await?;
-    let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
-    let usage = total_usage(&ends, spec.n);
-    let mut choices: Vec<CompletionChoice> = results
-        .into_iter()
-        .map(|(text, end)| CompletionChoice {
+    fn spec(
+        req: CompletionRequest,
+        model: &ModelAssets,
+        limits: &Limits,
+    ) -> Result<GenerateSpec, ApiError> {
+        unsupported_fields(&req)?;
+        let prompts = completion_prompts(&req.prompt, &model.tokenizer, limits)?;
+        generate_spec(
+            prompts,
+            &req.sampling,
+            req.sampling.max_tokens,
+            DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
+            &model.tokenizer,
+            limits,
+        )
+    }
+
+    fn opening(_index: u32) -> Option<CompletionChoice> {
+        None
+    }
+
+    fn text_chunk(index: u32, text: String) -> CompletionChoice {
+        CompletionChoice {
+            index,
+            text,
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+            speculate_metrics: None,
+        }
+    }
+
+    fn end_chunk(end: &ChoiceEnd) -> CompletionChoice {
+        CompletionChoice {
+            index: end.index,
+            text: end.text.clone(),
+            logprobs: None,
+            finish_reason: Some(end.finish_reason),
+            stop_reason: end.stop_reason.clone(),
+            speculate_metrics: end.speculate_metrics.clone(),
+        }
+    }
+
+    fn choice(text: String, end: ChoiceEnd) -> CompletionChoice {
+        CompletionChoice {
             index: end.index,
             text,
             logprobs: None,
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason,
             speculate_metrics: end.speculate_metrics,
-        })
-        .collect();
-    choices.sort_by_key(|c| c.index);
-    Ok(Json(CompletionResponse {
-        id,
-        object: OBJECT,
-        created,
-        model,
-        choices,
-        usage: Some(usage),
-    })
-    .into_response())
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod generation;
 pub mod health;
 pub mod models;
 
@@ -15,15 +16,16 @@ use axum::Router;
 
 use crate::auth::{require_api_key, ApiKey};
 use crate::body::BodyLimits;
-use crate::engine::EngineClient;
+use crate::engine::{Engine, EngineClient};
 use crate::error::ApiError;
 use crate::memory::{track_activity, IdleTrim};
 use crate::model::ModelAssets;
 use crate::openai::validate::Limits;
 
-/// Everything a handler needs; cheap to clone.
+/// Everything a handler needs; cheap to clone. `E` is the engine: the ZeroMQ client in the
+/// product, an in-process fake in route tests.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState<E = EngineClient> {
     pub model: Arc<ModelAssets>,
     /// The name clients use in `model`.
     pub served_model_name: Arc<str>,
@@ -33,7 +35,7 @@ pub struct AppState {
     pub model_root: Arc<str>,
     /// Caps; `max_model_len` is the configured upper bound (see [`AppState::limits`]).
     pub limits: Arc<Limits>,
-    pub engine: EngineClient,
+    pub engine: E,
     pub request_timeout: Duration,
     /// How request bodies are read: size, deadline, heavy ones off the runtime.
     pub body: BodyLimits,
@@ -42,7 +44,7 @@ pub struct AppState {
     pub idle_trim: Arc<IdleTrim>,
 }
 
-impl AppState {
+impl<E: Engine> AppState<E> {
     /// The caps a request is checked against now: the context length is the workers' (what
     /// the worker a request lands on accepts), never above the configured one.
     pub fn limits(&self) -> Limits {
@@ -71,18 +73,24 @@ async fn method_not_allowed(request: Request) -> axum::response::Response {
 }
 
 /// The api-server's router.
-pub fn router(state: AppState, api_key: ApiKey) -> Router {
+pub fn router<E: Engine>(state: AppState<E>, api_key: ApiKey) -> Router {
     let generation = Router::new()
-        .route("/v1/completions", post(completions::handle))
-        .route("/v1/chat/completions", post(chat::handle))
+        .route(
+            "/v1/completions",
+            post(generation::handle::<E, completions::Completions>),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(generation::handle::<E, chat::Chat>),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.idle_trim.clone(),
             track_activity,
         ));
     Router::new()
         .merge(generation)
-        .route("/v1/models", get(models::handle))
-        .route("/health", get(health::handle))
+        .route("/v1/models", get(models::handle::<E>))
+        .route("/health", get(health::handle::<E>))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

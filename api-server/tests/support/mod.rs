@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod in_process;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -62,7 +64,7 @@ pub fn free_port() -> u16 {
 
 pub const SERVED: &str = "smollm2";
 
-pub fn state(engine: EngineClient, timeout: Duration) -> AppState {
+pub fn state<E>(engine: E, timeout: Duration) -> AppState<E> {
     AppState {
         model: load_model(),
         served_model_name: SERVED.into(),

@@ -1,0 +1,158 @@
+//! What chat and completions share: read the body and check its model, turn it into a
+//! [`GenerateSpec`] (off the runtime when the body is heavy), start its choices, then answer
+//! whole or as a stream. A [`Flavour`] says what differs: the request and the choices' shape.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::AppState;
+use crate::body::{read_json, Parsed};
+use crate::engine::{Engine, EngineRequest};
+use crate::error::ApiError;
+use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, ChoiceRun};
+use crate::model::ModelAssets;
+use crate::openai::responses::{response_id, unix_now, Chunk, Usage, UsageField, WholeResponse};
+use crate::openai::validate::{check_model, GenerateSpec, Limits};
+use crate::stream::{first_updates, sse_event, sse_response, StreamChunks, FIRST_UPDATE_PATIENCE};
+
+/// What one generation route does its own way.
+pub trait Flavour: Send + Sync + 'static {
+    type Request: DeserializeOwned + Send + 'static;
+    /// A choice of the whole response.
+    type Choice: Serialize;
+    /// A choice of a stream chunk.
+    type ChunkChoice: Serialize;
+    /// The response id's prefix (`cmpl`, `chatcmpl`).
+    const ID_PREFIX: &'static str;
+    const OBJECT: &'static str;
+    const CHUNK_OBJECT: &'static str;
+
+    /// The request's `model` field.
+    fn model(request: &Self::Request) -> Option<&str>;
+    /// Checks the request and tokenizes its prompts (on the blocking pool when heavy).
+    fn spec(
+        request: Self::Request,
+        model: &ModelAssets,
+        limits: &Limits,
+    ) -> Result<GenerateSpec, ApiError>;
+    /// What opens choice `index` before any output, if anything.
+    fn opening(index: u32) -> Option<Self::ChunkChoice>;
+    fn text_chunk(index: u32, text: String) -> Self::ChunkChoice;
+    fn end_chunk(end: &ChoiceEnd) -> Self::ChunkChoice;
+    fn choice(text: String, end: ChoiceEnd) -> Self::Choice;
+}
+
+/// The handler of a generation route; the router names its [`Flavour`].
+pub async fn handle<E: Engine, F: Flavour>(
+    State(state): State<AppState<E>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Parsed { value: req, heavy } = read_json::<F::Request>(&headers, body, &state.body).await?;
+    check_model(F::model(&req), &state.model_names)?;
+    let (assets, limits) = (Arc::clone(&state.model), state.limits());
+    let spec = state
+        .body
+        .run(heavy, move || F::spec(req, &assets, &limits))
+        .await?;
+    let tokenizer = &state.model.tokenizer;
+    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout).await?;
+    let head = Head {
+        id: response_id(F::ID_PREFIX),
+        created: unix_now(),
+        model: state.served_model_name.to_string(),
+    };
+    if spec.stream {
+        let chunks = Chunks::<F> {
+            head,
+            n: spec.n,
+            usage: UsageField::for_stream_chunks(spec.include_usage),
+            flavour: PhantomData,
+        };
+        let runs = first_updates(runs, FIRST_UPDATE_PATIENCE).await?;
+        return Ok(sse_response(runs, chunks, spec.include_usage, spec.n));
+    }
+    answer_whole::<F, _>(runs, head, spec.n).await
+}
+
+/// What every chunk and response of one request carries.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+/// Runs every choice to its end and answers with all of them.
+async fn answer_whole<F: Flavour, R: EngineRequest>(
+    runs: Vec<ChoiceRun<R>>,
+    head: Head,
+    n: u32,
+) -> Result<Response, ApiError> {
+    let mut results = collect_all(runs).await?;
+    let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
+    let usage = total_usage(&ends, n);
+    results.sort_by_key(|(_, end)| end.index);
+    Ok(Json(WholeResponse {
+        id: head.id,
+        object: F::OBJECT,
+        created: head.created,
+        model: head.model,
+        choices: results
+            .into_iter()
+            .map(|(text, end)| F::choice(text, end))
+            .collect(),
+        usage,
+    })
+    .into_response())
+}
+
+/// A stream's chunks in flavour `F`.
+struct Chunks<F> {
+    head: Head,
+    n: u32,
+    /// `usage` on every chunk but the usage chunk.
+    usage: UsageField,
+    flavour: PhantomData<fn() -> F>,
+}
+
+impl<F: Flavour> Chunks<F> {
+    fn chunk(&self, choices: Vec<F::ChunkChoice>, usage: UsageField) -> Bytes {
+        sse_event(&Chunk {
+            id: self.head.id.clone(),
+            object: F::CHUNK_OBJECT,
+            created: self.head.created,
+            model: self.head.model.clone(),
+            choices,
+            usage,
+        })
+    }
+}
+
+impl<F: Flavour> StreamChunks for Chunks<F> {
+    fn opening(&self) -> Vec<Bytes> {
+        (0..self.n)
+            .filter_map(F::opening)
+            .map(|choice| self.chunk(vec![choice], self.usage))
+            .collect()
+    }
+
+    fn text(&self, index: u32, text: String) -> Bytes {
+        self.chunk(vec![F::text_chunk(index, text)], self.usage)
+    }
+
+    fn end(&self, end: &ChoiceEnd) -> Bytes {
+        self.chunk(vec![F::end_chunk(end)], self.usage)
+    }
+
+    fn usage(&self, usage: Usage) -> Bytes {
+        self.chunk(Vec::new(), UsageField::Totals(usage))
+    }
+}
