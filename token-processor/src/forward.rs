@@ -229,6 +229,7 @@ impl Forwarder {
         }
     }
 
+    /// Handles one message from an api-server.
     async fn answer(&mut self, msg: FromApi) {
         match msg {
             FromApi::Auth { routing_id, reply } => {
