@@ -28,11 +28,7 @@ struct Args {
     #[arg(long, env = "SPECULA_API_PORT", default_value_t = 8000)]
     port: u16,
     /// The model: a GGUF file or an HF directory (tokenizer.json + tokenizer_config.json).
-    #[arg(
-        long,
-        env = "SPECULA_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    #[arg(long, env = "SPECULA_MODEL", default_value = vocab::DEFAULT_MODEL_PATH)]
     model: PathBuf,
     /// Name clients use in `model` (default: the model file's name without `.gguf` and
     /// quantization tag; the --model argument as given is accepted too, as vLLM does).

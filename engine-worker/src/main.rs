@@ -66,11 +66,7 @@ impl ProposerArg {
 )]
 struct Args {
     /// Model: a GGUF file or a Hugging Face directory (config.json + *.safetensors).
-    #[arg(
-        long,
-        env = "SPECULA_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    #[arg(long, env = "SPECULA_MODEL", default_value = vocab::DEFAULT_MODEL_PATH)]
     model: PathBuf,
     /// How to read `--model`.
     #[arg(long, env = "SPECULA_LOAD_FORMAT", value_enum, default_value = "auto")]

@@ -17,7 +17,7 @@ use link::liveness::Heard;
 use link::{Liveness, Sweep, Sweeper};
 use proto::tp_api::{ApiToTp, TpHello, TpToApi};
 use tokio::sync::{mpsc, watch};
-use zeromq::{RouterSocket, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{RouterRecvHalf, RouterSendHalf, RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::ingest::OutputsByOwner;
 use crate::metrics;
@@ -63,152 +63,27 @@ pub async fn run(
     mut live_workers: watch::Receiver<Vec<String>>,
     liveness: Liveness,
     tp_epoch: u64,
-    mut gate: Gate,
+    gate: Gate,
 ) {
-    let (mut send, mut recv) = router.split();
+    let (send, recv) = router.split();
     let (from_api_tx, mut from_api) = mpsc::channel::<FromApi>(256);
-    let receiver = tokio::spawn(async move {
-        loop {
-            match recv.recv().await {
-                Ok(msg) => {
-                    let (Some(routing_id), Some(payload)) = (msg.get(0), msg.get(1)) else {
-                        continue;
-                    };
-                    match gate.check(routing_id, payload) {
-                        Verdict::Pass => {}
-                        Verdict::Reply(reply) => {
-                            if from_api_tx
-                                .send(FromApi::Auth {
-                                    routing_id: routing_id.clone(),
-                                    reply,
-                                })
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                            continue;
-                        }
-                        Verdict::Drop => continue,
-                    }
-                    let parsed = match proto::decode::<ApiToTp>(payload) {
-                        Ok(ApiToTp::Hello(hello)) => {
-                            match proto::check_version(&hello.api_server_id, hello.protocol_version)
-                            {
-                                Ok(()) => FromApi::Hello {
-                                    routing_id: routing_id.clone(),
-                                    name: hello.api_server_id,
-                                    epoch: hello.epoch,
-                                },
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "refusing api-server hello");
-                                    continue;
-                                }
-                            }
-                        }
-                        Ok(ApiToTp::Heartbeat {
-                            api_server_id,
-                            epoch,
-                        }) => FromApi::Heartbeat {
-                            routing_id: routing_id.clone(),
-                            name: api_server_id,
-                            epoch,
-                        },
-                        Err(e) => {
-                            tracing::warn!(error = %e, "dropping malformed api-server frame");
-                            continue;
-                        }
-                    };
-                    if from_api_tx.send(parsed).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "api-server receive failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    });
-
-    let Some(mut hello) = encode_hello(tp_epoch, live_workers.borrow_and_update().clone()) else {
+    let receiver = tokio::spawn(receive_from_api_servers(recv, gate, from_api_tx));
+    let Some(mut forwarder) = Forwarder::new(send, liveness, tp_epoch, &mut live_workers) else {
         return;
     };
-    let Some(ask_hello) = proto::encode(&TpToApi::AskHello).ok().map(Bytes::from) else {
-        return;
-    };
-    let mut peers = ApiServers::default();
     let mut tick = tokio::time::interval(liveness.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sweeper = Sweeper::new(liveness);
     let mut workers_open = true;
     loop {
         tokio::select! {
             batch = outputs.recv() => {
                 let Some(mut batch) = batch else { break };
                 coalesce(&mut batch, &mut outputs);
-                for (owner, list) in batch {
-                    let n = list.len();
-                    let Some(peer) = peers.by_name.get(&*owner) else {
-                        metrics::outputs_dropped(n);
-                        tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
-                        continue;
-                    };
-                    let frame = match encode_outputs_message(&list) {
-                        Ok(frame) => frame,
-                        Err(e) => {
-                            metrics::outputs_dropped(n);
-                            tracing::warn!(owner = %owner, error = %e, "cannot encode outputs");
-                            continue;
-                        }
-                    };
-                    if !send_to(&mut send, &peer.routing_id, Bytes::from(frame)).await {
-                        metrics::outputs_dropped(n);
-                    }
-                }
+                forwarder.forward(batch).await;
             }
             msg = from_api.recv() => {
-                match msg {
-                    Some(FromApi::Auth { routing_id, reply }) => {
-                        send_to(&mut send, &routing_id, Bytes::from(reply)).await;
-                    }
-                    Some(FromApi::Hello { routing_id, name, epoch }) => {
-                        let now = Instant::now();
-                        let holder = peers.by_name.get(&name).filter(|p| {
-                            p.epoch != epoch && !liveness.is_silent(p.last_heard, now)
-                        });
-                        if holder.is_some() {
-                            metrics::duplicate_id_refused();
-                            tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
-                            let reason = format!("api-server id {name} is held by another live api-server; give each api-server its own --api-server-id");
-                            if let Ok(frame) = proto::encode(&TpToApi::Refused { reason }) {
-                                send_to(&mut send, &routing_id, Bytes::from(frame)).await;
-                            }
-                            continue;
-                        }
-                        tracing::info!(api_server = %name, "api-server said hello");
-                        send_to(&mut send, &routing_id, hello.clone()).await;
-                        peers.by_name.insert(name, ApiPeer { routing_id, epoch, last_heard: now });
-                        metrics::set_api_servers_connected(peers.by_name.len());
-                    }
-                    Some(FromApi::Heartbeat { routing_id, name, epoch }) => {
-                        let peer = peers
-                            .by_name
-                            .get_mut(&name)
-                            .filter(|p| p.routing_id == routing_id && p.epoch == epoch);
-                        match Heard::of(peer.is_some()) {
-                            Heard::Known => {
-                                if let Some(peer) = peer {
-                                    peer.last_heard = Instant::now();
-                                }
-                            }
-                            Heard::AskHello => {
-                                tracing::info!(api_server = %name, "heartbeat from an api-server we do not know; asking for its hello");
-                                send_to(&mut send, &routing_id, ask_hello.clone()).await;
-                            }
-                        }
-                    }
-                    None => {}
+                if let Some(msg) = msg {
+                    forwarder.answer(msg).await;
                 }
             }
             changed = live_workers.changed(), if workers_open => {
@@ -216,39 +91,253 @@ pub async fn run(
                     workers_open = false; // ingest ended; outputs close next
                     continue;
                 }
-                if let Some(fresh) = encode_hello(tp_epoch, live_workers.borrow_and_update().clone()) {
-                    hello = fresh;
-                }
-                // Api-servers learn at once which workers they may route to.
-                for peer in peers.by_name.values() {
-                    send_to(&mut send, &peer.routing_id, hello.clone()).await;
-                }
+                let workers = live_workers.borrow_and_update().clone();
+                forwarder.workers_changed(workers).await;
             }
-            _ = tick.tick() => {
-                let now = Instant::now();
-                match sweeper.begin(now) {
-                    Sweep::Judge => peers.by_name.retain(|name, peer| {
-                        let alive = !liveness.is_silent(peer.last_heard, now);
-                        if !alive {
-                            tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
-                        }
-                        alive
-                    }),
-                    Sweep::Forgive { .. } => {
-                        for peer in peers.by_name.values_mut() {
-                            peer.last_heard = now;
-                        }
-                    }
-                }
-                metrics::set_api_servers_connected(peers.by_name.len());
-                // The hello doubles as the token-processor's heartbeat.
-                for peer in peers.by_name.values() {
-                    send_to(&mut send, &peer.routing_id, hello.clone()).await;
-                }
-            }
+            _ = tick.tick() => forwarder.sweep_and_heartbeat().await,
         }
     }
     receiver.abort();
+}
+
+/// Reads the api-servers' frames, passes them through the link-secret gate, and hands what they
+/// mean to the forwarding loop; ends when that loop is gone.
+async fn receive_from_api_servers(
+    mut recv: RouterRecvHalf,
+    mut gate: Gate,
+    to_loop: mpsc::Sender<FromApi>,
+) {
+    loop {
+        let msg = match recv.recv().await {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(error = %e, "api-server receive failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let (Some(routing_id), Some(payload)) = (msg.get(0), msg.get(1)) else {
+            continue;
+        };
+        let Some(from_api) = admit(&mut gate, routing_id, payload) else {
+            continue;
+        };
+        if to_loop.send(from_api).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What one frame asks of the loop: a step of the link-secret exchange to answer, or a hello or
+/// heartbeat; None for a frame the gate drops or that is not a valid message.
+fn admit(gate: &mut Gate, routing_id: &Bytes, payload: &Bytes) -> Option<FromApi> {
+    match gate.check(routing_id, payload) {
+        Verdict::Pass => parse_api_message(routing_id, payload),
+        Verdict::Reply(reply) => Some(FromApi::Auth {
+            routing_id: routing_id.clone(),
+            reply,
+        }),
+        Verdict::Drop => None,
+    }
+}
+
+/// An admitted frame as a hello (of a protocol version we speak) or a heartbeat.
+fn parse_api_message(routing_id: &Bytes, payload: &[u8]) -> Option<FromApi> {
+    match proto::decode::<ApiToTp>(payload) {
+        Ok(ApiToTp::Hello(hello)) => {
+            match proto::check_version(&hello.api_server_id, hello.protocol_version) {
+                Ok(()) => Some(FromApi::Hello {
+                    routing_id: routing_id.clone(),
+                    name: hello.api_server_id,
+                    epoch: hello.epoch,
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "refusing api-server hello");
+                    None
+                }
+            }
+        }
+        Ok(ApiToTp::Heartbeat {
+            api_server_id,
+            epoch,
+        }) => Some(FromApi::Heartbeat {
+            routing_id: routing_id.clone(),
+            name: api_server_id,
+            epoch,
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "dropping malformed api-server frame");
+            None
+        }
+    }
+}
+
+/// The forwarding loop's state: the send half, the api-servers it knows, and its hello.
+struct Forwarder {
+    send: RouterSendHalf,
+    peers: ApiServers,
+    liveness: Liveness,
+    sweeper: Sweeper,
+    tp_epoch: u64,
+    /// Our hello (also our heartbeat), naming the workers alive now.
+    hello: Bytes,
+    ask_hello: Bytes,
+}
+
+impl Forwarder {
+    /// None when our own messages cannot be encoded (logged).
+    fn new(
+        send: RouterSendHalf,
+        liveness: Liveness,
+        tp_epoch: u64,
+        live_workers: &mut watch::Receiver<Vec<String>>,
+    ) -> Option<Self> {
+        let hello = encode_hello(tp_epoch, live_workers.borrow_and_update().clone())?;
+        let ask_hello = proto::encode(&TpToApi::AskHello).ok().map(Bytes::from)?;
+        Some(Self {
+            send,
+            peers: ApiServers::default(),
+            liveness,
+            sweeper: Sweeper::new(liveness),
+            tp_epoch,
+            hello,
+            ask_hello,
+        })
+    }
+
+    /// Sends each owner its outputs in one message; outputs whose owner is not connected, that
+    /// cannot be encoded, or that its send queue does not take in time are dropped and counted.
+    async fn forward(&mut self, batch: OutputsByOwner) {
+        for (owner, list) in batch {
+            let n = list.len();
+            let Some(peer) = self.peers.by_name.get(&*owner) else {
+                metrics::outputs_dropped(n);
+                tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
+                continue;
+            };
+            let frame = match encode_outputs_message(&list) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    metrics::outputs_dropped(n);
+                    tracing::warn!(owner = %owner, error = %e, "cannot encode outputs");
+                    continue;
+                }
+            };
+            if !send_to(&mut self.send, &peer.routing_id, Bytes::from(frame)).await {
+                metrics::outputs_dropped(n);
+            }
+        }
+    }
+
+    /// Handles one message from an api-server.
+    async fn answer(&mut self, msg: FromApi) {
+        match msg {
+            FromApi::Auth { routing_id, reply } => {
+                send_to(&mut self.send, &routing_id, Bytes::from(reply)).await;
+            }
+            FromApi::Hello {
+                routing_id,
+                name,
+                epoch,
+            } => self.hello_from(routing_id, name, epoch).await,
+            FromApi::Heartbeat {
+                routing_id,
+                name,
+                epoch,
+            } => self.heartbeat_from(routing_id, name, epoch).await,
+        }
+    }
+
+    /// Admits an api-server (answering with our hello), unless another live one, of another
+    /// epoch, holds its name.
+    async fn hello_from(&mut self, routing_id: Bytes, name: String, epoch: u64) {
+        let now = Instant::now();
+        let holder = self
+            .peers
+            .by_name
+            .get(&name)
+            .filter(|p| p.epoch != epoch && !self.liveness.is_silent(p.last_heard, now));
+        if holder.is_some() {
+            metrics::duplicate_id_refused();
+            tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
+            let reason = format!("api-server id {name} is held by another live api-server; give each api-server its own --api-server-id");
+            if let Ok(frame) = proto::encode(&TpToApi::Refused { reason }) {
+                send_to(&mut self.send, &routing_id, Bytes::from(frame)).await;
+            }
+            return;
+        }
+        tracing::info!(api_server = %name, "api-server said hello");
+        send_to(&mut self.send, &routing_id, self.hello.clone()).await;
+        self.peers.by_name.insert(
+            name,
+            ApiPeer {
+                routing_id,
+                epoch,
+                last_heard: now,
+            },
+        );
+        metrics::set_api_servers_connected(self.peers.by_name.len());
+    }
+
+    /// Notes a known api-server as heard; asks one we do not know for its hello.
+    async fn heartbeat_from(&mut self, routing_id: Bytes, name: String, epoch: u64) {
+        let peer = self
+            .peers
+            .by_name
+            .get_mut(&name)
+            .filter(|p| p.routing_id == routing_id && p.epoch == epoch);
+        match Heard::of(peer.is_some()) {
+            Heard::Known => {
+                if let Some(peer) = peer {
+                    peer.last_heard = Instant::now();
+                }
+            }
+            Heard::AskHello => {
+                tracing::info!(api_server = %name, "heartbeat from an api-server we do not know; asking for its hello");
+                send_to(&mut self.send, &routing_id, self.ask_hello.clone()).await;
+            }
+        }
+    }
+
+    /// Api-servers learn at once which workers they may route to.
+    async fn workers_changed(&mut self, workers: Vec<String>) {
+        if let Some(fresh) = encode_hello(self.tp_epoch, workers) {
+            self.hello = fresh;
+        }
+        self.send_hello_to_all().await;
+    }
+
+    /// Forgets api-servers silent too long (or forgives all after our own stall), then
+    /// heartbeats the rest.
+    async fn sweep_and_heartbeat(&mut self) {
+        let now = Instant::now();
+        match self.sweeper.begin(now) {
+            Sweep::Judge => {
+                let liveness = self.liveness;
+                self.peers.by_name.retain(|name, peer| {
+                    let alive = !liveness.is_silent(peer.last_heard, now);
+                    if !alive {
+                        tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
+                    }
+                    alive
+                })
+            }
+            Sweep::Forgive { .. } => {
+                for peer in self.peers.by_name.values_mut() {
+                    peer.last_heard = now;
+                }
+            }
+        }
+        metrics::set_api_servers_connected(self.peers.by_name.len());
+        // The hello doubles as the token-processor's heartbeat.
+        self.send_hello_to_all().await;
+    }
+
+    async fn send_hello_to_all(&mut self) {
+        for peer in self.peers.by_name.values() {
+            send_to(&mut self.send, &peer.routing_id, self.hello.clone()).await;
+        }
+    }
 }
 
 /// Our hello (also our heartbeat), naming the workers alive now.
@@ -282,7 +371,7 @@ fn coalesce(batch: &mut OutputsByOwner, queued: &mut mpsc::Receiver<OutputsByOwn
 }
 
 /// Sends one frame to one peer; false when it could not be queued in time.
-async fn send_to(send: &mut zeromq::RouterSendHalf, routing_id: &Bytes, frame: Bytes) -> bool {
+async fn send_to(send: &mut RouterSendHalf, routing_id: &Bytes, frame: Bytes) -> bool {
     let mut msg = ZmqMessage::from(frame);
     msg.push_front(routing_id.clone());
     match tokio::time::timeout(SEND_TIMEOUT, send.send(msg)).await {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{mpsc, watch};
 use zeromq::{RouterSocket, Socket};
 
@@ -135,91 +136,163 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_or(0, |d| d.as_nanos() as u64);
     let prometheus =
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
-
     let link_secret = link::auth::secret_for(
         args.service.link_secret_file.as_ref(),
         &[&args.ingest_endpoint, &args.api_endpoint],
     )?;
-    for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
-        link::ipc::prepare_bind(endpoint).with_context(|| format!("preparing {endpoint}"))?;
-    }
-    let mut ingest_router = RouterSocket::new();
-    ingest_router
-        .bind(&args.ingest_endpoint)
-        .await
-        .with_context(|| format!("binding ingest on {}", args.ingest_endpoint))?;
-    let mut router = RouterSocket::new();
-    router
-        .bind(&args.api_endpoint)
-        .await
-        .with_context(|| format!("binding api endpoint on {}", args.api_endpoint))?;
-    let addr = SocketAddr::new(args.metrics_host, args.metrics_port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding HTTP on {addr}"))?;
+    let bound = bind(&args).await?;
 
     let health = Arc::new(IngestHealth::new(origin));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
-    let liveness = args.service.liveness();
-    let (live_workers_tx, live_workers_rx) = watch::channel(Vec::new());
-    let forwarder = tokio::spawn(forward::run(
-        router,
-        forward_rx,
-        live_workers_rx,
-        liveness,
-        tp_epoch,
-        link::auth::Gate::new(link_secret.clone()),
-    ));
-
-    let config = IngestConfig {
-        max_requests_per_worker: args.max_requests,
-        max_workers: args.max_workers,
-    };
-    let ingest_task = tokio::spawn(ingest::run(
-        ingest_router,
-        Ingest::new(config),
-        IngestIo {
-            forward: forward_tx,
+    let pipeline = start_pipeline(
+        &args,
+        bound.ingest,
+        bound.api,
+        PipelineContext {
+            tp_epoch,
+            link_secret,
             health: health.clone(),
-            live_workers: live_workers_tx,
             shutdown: shutdown_rx.clone(),
-            watchdog: Watchdog::from_env(),
-            gate: link::auth::Gate::new(link_secret),
         },
-    ));
+    );
+    let upkeep = spawn_upkeep(prometheus.clone());
+    let server = spawn_http(
+        bound.http,
+        http::router(prometheus, health),
+        shutdown_rx.clone(),
+    );
 
-    let upkeep_handle = prometheus.clone();
-    let upkeep = tokio::spawn(async move {
-        // Histograms buffer raw samples until upkeep folds them in: bound that buffer.
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tick.tick().await;
-            upkeep_handle.run_upkeep();
-        }
-    });
-
-    let mut http_shutdown = shutdown_rx.clone();
-    let app = http::router(prometheus, health);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_shutdown.wait_for(|stop| *stop).await;
-            })
-            .await
-    });
-
-    tracing::info!(ingest = %args.ingest_endpoint, api = %args.api_endpoint, http = %addr, "token-processor ready");
+    tracing::info!(ingest = %args.ingest_endpoint, api = %args.api_endpoint, http = %bound.http_addr, "token-processor ready");
     service::notify_ready();
 
     service::shutdown_signal().await;
     tracing::info!("shutting down: stopping ingest, flushing outputs");
     service::notify_stopping();
     let _ = shutdown_tx.send(true);
-    let bound = Duration::from_millis(args.shutdown_timeout_ms);
+    drain(pipeline, args.shutdown_timeout_ms).await;
+    upkeep.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(())
+}
+
+/// The sockets and listener `serve` binds before anything runs.
+struct Bound {
+    ingest: RouterSocket,
+    api: RouterSocket,
+    http: tokio::net::TcpListener,
+    http_addr: SocketAddr,
+}
+
+async fn bind(args: &ServeArgs) -> anyhow::Result<Bound> {
+    for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
+        link::ipc::prepare_bind(endpoint).with_context(|| format!("preparing {endpoint}"))?;
+    }
+    let mut ingest = RouterSocket::new();
+    ingest
+        .bind(&args.ingest_endpoint)
+        .await
+        .with_context(|| format!("binding ingest on {}", args.ingest_endpoint))?;
+    let mut api = RouterSocket::new();
+    api.bind(&args.api_endpoint)
+        .await
+        .with_context(|| format!("binding api endpoint on {}", args.api_endpoint))?;
+    let http_addr = SocketAddr::new(args.metrics_host, args.metrics_port);
+    let http = tokio::net::TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("binding HTTP on {http_addr}"))?;
+    Ok(Bound {
+        ingest,
+        api,
+        http,
+        http_addr,
+    })
+}
+
+/// What the ingest and the forwarder are started with besides their sockets.
+struct PipelineContext {
+    tp_epoch: u64,
+    link_secret: Option<link::auth::Secret>,
+    health: Arc<IngestHealth>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// The ingest (step batches in) and the forwarder (outputs out), running.
+struct Pipeline {
+    ingest: tokio::task::JoinHandle<Ingest>,
+    forwarder: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the forwarder, then the ingest that feeds it outputs and the list of live workers.
+fn start_pipeline(
+    args: &ServeArgs,
+    ingest_router: RouterSocket,
+    api_router: RouterSocket,
+    context: PipelineContext,
+) -> Pipeline {
+    let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
+    let liveness = args.service.liveness();
+    let (live_workers_tx, live_workers_rx) = watch::channel(Vec::new());
+    let forwarder = tokio::spawn(forward::run(
+        api_router,
+        forward_rx,
+        live_workers_rx,
+        liveness,
+        context.tp_epoch,
+        link::auth::Gate::new(context.link_secret.clone()),
+    ));
+
+    let config = IngestConfig {
+        max_requests_per_worker: args.max_requests,
+        max_workers: args.max_workers,
+    };
+    let ingest = tokio::spawn(ingest::run(
+        ingest_router,
+        Ingest::new(config),
+        IngestIo {
+            forward: forward_tx,
+            health: context.health,
+            live_workers: live_workers_tx,
+            shutdown: context.shutdown,
+            watchdog: Watchdog::from_env(),
+            gate: link::auth::Gate::new(context.link_secret),
+        },
+    ));
+    Pipeline { ingest, forwarder }
+}
+
+/// Histograms buffer raw samples until upkeep folds them in: bound that buffer.
+fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            prometheus.run_upkeep();
+        }
+    })
+}
+
+/// Serves `/metrics` and `/health` until shutdown.
+fn spawn_http(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            })
+            .await
+    })
+}
+
+/// Waits, at most `shutdown_timeout_ms`, for the ingest to stop and the forwarder to send what
+/// is queued.
+async fn drain(pipeline: Pipeline, shutdown_timeout_ms: u64) {
+    let bound = Duration::from_millis(shutdown_timeout_ms);
     let drained = tokio::time::timeout(bound, async {
-        let ingest = ingest_task.await;
-        let _ = forwarder.await;
+        let ingest = pipeline.ingest.await;
+        let _ = pipeline.forwarder.await;
         ingest
     })
     .await;
@@ -229,11 +302,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         Ok(Err(e)) => tracing::error!(error = %e, "ingest task failed"),
         Err(_) => tracing::warn!(
-            timeout_ms = args.shutdown_timeout_ms,
+            timeout_ms = shutdown_timeout_ms,
             "shutdown bound reached; exiting"
         ),
     }
-    upkeep.abort();
-    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-    Ok(())
 }

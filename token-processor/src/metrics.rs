@@ -117,7 +117,17 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
     Ok(handle)
 }
 
+/// Describes every series, by family (each `describe_*!` of the token-processor is in this file).
 fn describe_all() {
+    describe_speculation();
+    describe_requests();
+    describe_connections();
+    describe_step_batches();
+    describe_link_faults();
+}
+
+/// The spec's speculative-decoding counters.
+fn describe_speculation() {
     describe_counter!(
         SPEC_NUM_STEPS,
         Unit::Count,
@@ -148,6 +158,10 @@ fn describe_all() {
         Unit::Count,
         "Tokens produced by verification steps, sum of a+1 (bonus included)."
     );
+}
+
+/// Request outcomes, token counts and latencies.
+fn describe_requests() {
     for (name, reason) in FINISHED.iter().zip(["stop", "length", "abort", "error"]) {
         describe_counter!(
             *name,
@@ -180,6 +194,10 @@ fn describe_all() {
         Unit::Count,
         "Requests in flight on the worker."
     );
+}
+
+/// Peers connected now.
+fn describe_connections() {
     describe_gauge!(
         WORKERS_CONNECTED,
         Unit::Count,
@@ -190,6 +208,10 @@ fn describe_all() {
         Unit::Count,
         "Api-servers that said hello and are within their heartbeat deadline."
     );
+}
+
+/// How step batches and their rows were processed, or why they were not.
+fn describe_step_batches() {
     describe_histogram!(
         BATCH_PROCESSING,
         Unit::Seconds,
@@ -225,6 +247,11 @@ fn describe_all() {
         Unit::Count,
         "Requests failed because the per-worker in-flight cap was reached."
     );
+}
+
+/// Faults on the links to workers and api-servers: lost peers, resyncs, bad frames, refused
+/// hellos and dropped outputs.
+fn describe_link_faults() {
     describe_counter!(
         WORKERS_LOST,
         Unit::Count,

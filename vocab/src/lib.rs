@@ -9,6 +9,6 @@ pub mod pieces;
 pub mod stop;
 pub mod token_bytes;
 
-pub use model_name::served_model_name;
+pub use model_name::{served_model_name, DEFAULT_MODEL_PATH};
 pub use stop::{find_completed_stop, StopMatch, StopStrings};
 pub use token_bytes::{TokenBytes, VocabKind};

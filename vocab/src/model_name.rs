@@ -3,6 +3,10 @@
 
 use std::path::Path;
 
+/// The model the api-server and the engine-worker (and its bench) load when given no `--model`:
+/// where `scripts/fetch-model.sh` puts it, relative to the repository root.
+pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
 /// Whether a file-name segment is a quantization tag (`Q4_1`, `Q4_K_M`, `IQ3_XS`, `F16`,
 /// `BF16`, `f32`, ...), which names the file, not the model.
 fn is_quant_tag(segment: &str) -> bool {
@@ -53,5 +57,13 @@ mod tests {
         assert_eq!(name("/models/Qwen2.5-0.5B"), "Qwen2.5-0.5B");
         assert_eq!(name("plain.gguf"), "plain");
         assert_eq!(name("/"), "model");
+    }
+
+    #[test]
+    fn default_model_is_served_as_smollm2() {
+        assert_eq!(
+            served_model_name(Path::new(DEFAULT_MODEL_PATH)),
+            "SmolLM2-135M-Instruct"
+        );
     }
 }

@@ -17,11 +17,7 @@ use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
 #[derive(Debug, Parser)]
 struct Args {
     /// GGUF model file.
-    #[arg(
-        long,
-        env = "SPECULA_MODEL",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
+    #[arg(long, env = "SPECULA_MODEL", default_value = vocab::DEFAULT_MODEL_PATH)]
     model: PathBuf,
     /// Golden prompt directory (prompt ids).
     #[arg(long, default_value = "../shared/golden/smollm2")]

@@ -12,15 +12,17 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use proto::api_worker::ApiHello;
 use proto::tp_api::ApiToTp;
-use proto::worker_tp::{Heartbeat, Resync, WorkerHello, WorkerToTp};
+use proto::worker_tp::{Heartbeat, Resync, StepBatch, WorkerHello, WorkerToTp};
 use token_processor::ingest::{Ingest, IngestConfig};
 use token_processor::synth::{Synth, SynthConfig};
 use token_processor::tracker::{Clock, Outbox};
@@ -288,14 +290,64 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let endpoints = Endpoints::in_temp_dir()?;
+    let tp = start_token_processor(&args, &endpoints).await?;
+    let drained = Arc::new(AtomicU64::new(0));
+    if !args.no_api_server {
+        start_fake_api_server(&endpoints.api, drained.clone()).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut worker = DealerSocket::new();
+    worker.connect(&endpoints.ingest).await?;
+    print_preamble(&args, tp.child.id());
+    print_throughput_header();
+    let mut dropped_before = 0.0;
+    for &k in &args.k {
+        for &rows in &args.rows {
+            let worker_id = format!("bench-{rows}-k{k}");
+            let frames = prepare_frames(&args, &worker_id, rows, k)?;
+            let in_process = time_in_process(&frames, &worker_id, k)?;
+            let over_ipc = push_over_ipc(&args, &tp, &mut worker, &worker_id, k, &frames).await?;
+            print_throughput_row(rows, k, &worker_id, &in_process, &over_ipc, dropped_before);
+            dropped_before = over_ipc.dropped_total;
+        }
+    }
+    if args.rss_requests > 0 {
+        let rss = measure_rss(&args, &tp, &mut worker).await?;
+        print_rss(&rss, args.rss_rate);
+    }
+    print_totals(&tp, &drained).await?;
+    drop(tp);
+    let _ = std::fs::remove_dir_all(&endpoints.dir);
+    Ok(())
+}
+
+/// Where the token-processor under test binds: ipc sockets in a directory of this run's own.
+struct Endpoints {
+    dir: PathBuf,
+    ingest: String,
+    api: String,
+}
+
+impl Endpoints {
+    fn in_temp_dir() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("tp-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            ingest: format!("ipc://{}/ingest.ipc", dir.display()),
+            api: format!("ipc://{}/api.ipc", dir.display()),
+            dir,
+        })
+    }
+}
+
+/// Spawns the token-processor (pinned with `--pin`) and waits until it serves `/metrics`.
+async fn start_token_processor(args: &Args, endpoints: &Endpoints) -> anyhow::Result<Tp> {
     let tp_bin = match args.tp.clone() {
         Some(p) => p,
         None => std::env::current_exe()?.with_file_name("token-processor"),
     };
-    let dir = std::env::temp_dir().join(format!("tp-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let ingest_ep = format!("ipc://{}/ingest.ipc", dir.display());
-    let api_ep = format!("ipc://{}/api.ipc", dir.display());
     let http_port = free_port();
     let mut command = Command::new(&tp_bin);
     if args.pin {
@@ -305,7 +357,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let child = command
-        .args(["--ingest-endpoint", &ingest_ep, "--api-endpoint", &api_ep])
+        .args([
+            "--ingest-endpoint",
+            &endpoints.ingest,
+            "--api-endpoint",
+            &endpoints.api,
+        ])
         .args([
             "--metrics-port",
             &http_port.to_string(),
@@ -326,40 +383,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(tp)
+}
 
-    let drained = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    if !args.no_api_server {
-        // The fake api-server: says hello, heartbeats, and drains every output.
-        let mut api = DealerSocket::new();
-        api.connect(&api_ep).await?;
-        let api_hello = ApiToTp::Hello(ApiHello {
-            protocol_version: proto::PROTOCOL_VERSION,
+/// The fake api-server: says hello, heartbeats, and counts every output message into `drained`.
+async fn start_fake_api_server(endpoint: &str, drained: Arc<AtomicU64>) -> anyhow::Result<()> {
+    let mut api = DealerSocket::new();
+    api.connect(endpoint).await?;
+    let api_hello = ApiToTp::Hello(ApiHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        api_server_id: "bench-api".into(),
+        epoch: 1,
+    });
+    api.send(ZmqMessage::from(proto::encode(&api_hello)?))
+        .await?;
+    tokio::spawn(async move {
+        let heartbeat = proto::encode(&ApiToTp::Heartbeat {
             api_server_id: "bench-api".into(),
             epoch: 1,
-        });
-        api.send(ZmqMessage::from(proto::encode(&api_hello)?))
-            .await?;
-        let drained_in = drained.clone();
-        tokio::spawn(async move {
-            let heartbeat = proto::encode(&ApiToTp::Heartbeat {
-                api_server_id: "bench-api".into(),
-                epoch: 1,
-            })
-            .unwrap();
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            loop {
-                tokio::select! {
-                    msg = api.recv() => if msg.is_ok() { drained_in.fetch_add(1, std::sync::atomic::Ordering::Relaxed); },
-                    _ = tick.tick() => { let _ = api.send(ZmqMessage::from(heartbeat.clone())).await; }
-                }
+        })
+        .unwrap();
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                msg = api.recv() => if msg.is_ok() { drained.fetch_add(1, Ordering::Relaxed); },
+                _ = tick.tick() => { let _ = api.send(ZmqMessage::from(heartbeat.clone())).await; }
             }
-        });
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    Ok(())
+}
 
-    let mut worker = DealerSocket::new();
-    worker.connect(&ingest_ep).await?;
-    let tp_pid = tp.child.id();
+fn print_preamble(args: &Args, tp_pid: u32) {
     println!(
         "# token-processor pid {tp_pid}, RSS at start {} KiB; pushing {}; {}",
         rss_kib(tp_pid),
@@ -376,141 +431,223 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "not pinned".to_owned()
         }
     );
+}
+
+fn print_throughput_header() {
     println!(
         "| rows | K | batches | batches/s | request-steps/s | TP p50 ≤ | TP p99 ≤ | TP p99.9 ≤ | in-process p50 | in-process p99 | outputs dropped |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut dropped_before = 0.0;
-    for &k in &args.k {
-        for &rows in &args.rows {
-            let worker_id = format!("bench-{rows}-k{k}");
-            let n = (args.row_budget / rows).max(100);
-            let mut gen = synth(&worker_id, rows, k, 16, 512, args.seed);
-            let batches: Vec<_> = (0..n).map(|_| gen.next_batch()).collect();
-            if let Some(dump) = &args.dump_dir {
-                std::fs::create_dir_all(dump)?;
-                let mut f = std::io::BufWriter::new(std::fs::File::create(
-                    dump.join(format!("rows{rows}_k{k}.jsonl")),
-                )?);
-                writeln!(
-                    f,
-                    "{}",
-                    serde_json::json!({"num_spec_tokens": k, "rows": rows})
-                )?;
-                for b in batches.iter().take(args.dump_batches) {
-                    writeln!(f, "{}", Synth::to_json(b))?;
-                }
-            }
-            let frames: Vec<Vec<u8>> = batches
-                .into_iter()
-                .map(|b| proto::encode(&WorkerToTp::Step(b)))
-                .collect::<Result<_, _>>()?;
+}
 
-            // In process: decode + handle of the same frames, timed one by one.
-            let mut ingest = Ingest::new(IngestConfig::default());
-            let mut out = Outbox::default();
-            let origin = Instant::now();
-            let clock = || Clock {
-                mono_ns: origin.elapsed().as_nanos() as u64,
-                unix_ms: 0,
-            };
-            ingest.handle(hello(&worker_id, k), clock(), Instant::now(), &mut out);
-            let mut times = Vec::with_capacity(frames.len());
-            for frame in &frames {
-                let t = Instant::now();
-                let msg: WorkerToTp = proto::decode(frame)?;
-                ingest.handle(msg, clock(), t, &mut out);
-                drop(out.take());
-                times.push(t.elapsed().as_secs_f64());
-            }
-            times.sort_by(f64::total_cmp);
+/// One configuration's synthetic batches, encoded as step frames (and dumped with `--dump-dir`).
+fn prepare_frames(
+    args: &Args,
+    worker_id: &str,
+    rows: usize,
+    k: u8,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let n = (args.row_budget / rows).max(100);
+    let mut gen = synth(worker_id, rows, k, 16, 512, args.seed);
+    let batches: Vec<_> = (0..n).map(|_| gen.next_batch()).collect();
+    if let Some(dump) = &args.dump_dir {
+        dump_batches(dump, &batches, rows, k, args.dump_batches)?;
+    }
+    Ok(batches
+        .into_iter()
+        .map(|b| proto::encode(&WorkerToTp::Step(b)))
+        .collect::<Result<_, _>>()?)
+}
 
-            // Over ipc to the running token-processor.
-            introduce(&mut worker, &worker_id, k).await?;
-            let start = Instant::now();
-            let start_at = tokio::time::Instant::now();
-            for (i, frame) in frames.iter().enumerate() {
-                pace(start_at, i, args.rate).await;
-                worker.send(ZmqMessage::from(frame.clone())).await?;
-            }
-            wait_processed(tp.http_port, &mut worker, &worker_id, n, n).await?;
-            let elapsed = start.elapsed().as_secs_f64();
-            // Let the forwarder finish, so its drops are this configuration's.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let text = http_get(tp.http_port, "/metrics").await?;
-            let dropped = sample(&text, "specula_outputs_dropped_total").unwrap_or(0.0);
-            push(
-                &mut worker,
-                &WorkerToTp::Goodbye {
-                    worker_id: worker_id.clone(),
-                    epoch: 1,
-                },
-            )
-            .await?;
-            let q = |p| {
-                histogram_quantile(&text, &worker_id, p)
-                    .map_or("?".into(), |s| format!("{:.0} µs", s * 1e6))
-            };
-            println!(
-                "| {rows} | {k} | {n} | {:.0} | {:.0} | {} | {} | {} | {:.1} µs | {:.1} µs | {:.0} |",
-                n as f64 / elapsed,
-                (n * rows) as f64 / elapsed,
-                q(0.5),
-                q(0.99),
-                q(0.999),
-                percentile(&times, 0.5) * 1e6,
-                percentile(&times, 0.99) * 1e6,
-                dropped - dropped_before,
-            );
-            dropped_before = dropped;
+/// Writes the first `count` batches as JSON Lines, after a line naming K and the rows.
+fn dump_batches(
+    dump: &Path,
+    batches: &[StepBatch],
+    rows: usize,
+    k: u8,
+    count: usize,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dump)?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(
+        dump.join(format!("rows{rows}_k{k}.jsonl")),
+    )?);
+    writeln!(
+        f,
+        "{}",
+        serde_json::json!({"num_spec_tokens": k, "rows": rows})
+    )?;
+    for b in batches.iter().take(count) {
+        writeln!(f, "{}", Synth::to_json(b))?;
+    }
+    Ok(())
+}
+
+/// Decode + handle of the same frames in this process, timed one by one: seconds per batch,
+/// sorted.
+fn time_in_process(frames: &[Vec<u8>], worker_id: &str, k: u8) -> anyhow::Result<Vec<f64>> {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let mut out = Outbox::default();
+    let origin = Instant::now();
+    let clock = || Clock {
+        mono_ns: origin.elapsed().as_nanos() as u64,
+        unix_ms: 0,
+    };
+    ingest.handle(hello(worker_id, k), clock(), Instant::now(), &mut out);
+    let mut times = Vec::with_capacity(frames.len());
+    for frame in frames {
+        let t = Instant::now();
+        let msg: WorkerToTp = proto::decode(frame)?;
+        ingest.handle(msg, clock(), t, &mut out);
+        drop(out.take());
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+/// What pushing one configuration's frames to the running token-processor measured.
+struct OverIpc {
+    batches: usize,
+    elapsed_s: f64,
+    /// The TP's `/metrics` once it had processed them all.
+    metrics: String,
+    /// `specula_outputs_dropped_total` then (over the whole run so far).
+    dropped_total: f64,
+}
+
+/// Pushes the frames over ipc as a fake worker (paced with `--rate`), waits until the TP has
+/// processed them all, and says goodbye.
+async fn push_over_ipc(
+    args: &Args,
+    tp: &Tp,
+    worker: &mut DealerSocket,
+    worker_id: &str,
+    k: u8,
+    frames: &[Vec<u8>],
+) -> anyhow::Result<OverIpc> {
+    let n = frames.len();
+    introduce(worker, worker_id, k).await?;
+    let start = Instant::now();
+    let start_at = tokio::time::Instant::now();
+    for (i, frame) in frames.iter().enumerate() {
+        pace(start_at, i, args.rate).await;
+        worker.send(ZmqMessage::from(frame.clone())).await?;
+    }
+    wait_processed(tp.http_port, worker, worker_id, n, n).await?;
+    let elapsed_s = start.elapsed().as_secs_f64();
+    // Let the forwarder finish, so its drops are this configuration's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = http_get(tp.http_port, "/metrics").await?;
+    let dropped_total = sample(&metrics, "specula_outputs_dropped_total").unwrap_or(0.0);
+    let goodbye = WorkerToTp::Goodbye {
+        worker_id: worker_id.to_owned(),
+        epoch: 1,
+    };
+    push(worker, &goodbye).await?;
+    Ok(OverIpc {
+        batches: n,
+        elapsed_s,
+        metrics,
+        dropped_total,
+    })
+}
+
+fn print_throughput_row(
+    rows: usize,
+    k: u8,
+    worker_id: &str,
+    in_process: &[f64],
+    over_ipc: &OverIpc,
+    dropped_before: f64,
+) {
+    let (n, elapsed) = (over_ipc.batches, over_ipc.elapsed_s);
+    let q = |p| {
+        histogram_quantile(&over_ipc.metrics, worker_id, p)
+            .map_or("?".into(), |s| format!("{:.0} µs", s * 1e6))
+    };
+    println!(
+        "| {rows} | {k} | {n} | {:.0} | {:.0} | {} | {} | {} | {:.1} µs | {:.1} µs | {:.0} |",
+        n as f64 / elapsed,
+        (n * rows) as f64 / elapsed,
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        percentile(in_process, 0.5) * 1e6,
+        percentile(in_process, 0.99) * 1e6,
+        over_ipc.dropped_total - dropped_before,
+    );
+}
+
+/// The RSS run's samples: `(finished requests, TP RSS in KiB)`.
+struct RssRun {
+    rows: usize,
+    k: u8,
+    batches: usize,
+    finished: u64,
+    elapsed_s: f64,
+    samples: Vec<(u64, u64)>,
+}
+
+/// Pushes short requests at `--rss-rate` until `--rss-requests` have finished, sampling the TP's
+/// RSS every tenth of the way and at the end.
+async fn measure_rss(args: &Args, tp: &Tp, worker: &mut DealerSocket) -> anyhow::Result<RssRun> {
+    let worker_id = "bench-rss";
+    let (rows, k) = (512, 8);
+    let tp_pid = tp.child.id();
+    introduce(worker, worker_id, k).await?;
+    let mut gen = synth(worker_id, rows, k, 8, 64, args.seed + 1);
+    let mut sent = 0usize;
+    let mut next_sample = args.rss_requests / 10;
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    let start_at = tokio::time::Instant::now();
+    while gen.finished() < args.rss_requests {
+        let frame = proto::encode(&WorkerToTp::Step(gen.next_batch()))?;
+        pace(start_at, sent, args.rss_rate).await;
+        worker.send(ZmqMessage::from(frame)).await?;
+        sent += 1;
+        // And at most ~256 batches in flight, so queues stay short.
+        if sent.is_multiple_of(256) {
+            wait_processed(tp.http_port, worker, worker_id, sent, sent - 256).await?;
+        }
+        if gen.finished() >= next_sample {
+            wait_processed(tp.http_port, worker, worker_id, sent, sent).await?;
+            samples.push((gen.finished(), rss_kib(tp_pid)));
+            next_sample += args.rss_requests / 10;
         }
     }
+    wait_processed(tp.http_port, worker, worker_id, sent, sent).await?;
+    samples.push((gen.finished(), rss_kib(tp_pid)));
+    Ok(RssRun {
+        rows,
+        k,
+        batches: sent,
+        finished: gen.finished(),
+        elapsed_s: start.elapsed().as_secs_f64(),
+        samples,
+    })
+}
 
-    if args.rss_requests > 0 {
-        let worker_id = "bench-rss";
-        let (rows, k) = (512, 8);
-        introduce(&mut worker, worker_id, k).await?;
-        let mut gen = synth(worker_id, rows, k, 8, 64, args.seed + 1);
-        let mut sent = 0usize;
-        let mut next_sample = args.rss_requests / 10;
-        let mut samples = Vec::new();
-        let start = Instant::now();
-        let start_at = tokio::time::Instant::now();
-        while gen.finished() < args.rss_requests {
-            let frame = proto::encode(&WorkerToTp::Step(gen.next_batch()))?;
-            pace(start_at, sent, args.rss_rate).await;
-            worker.send(ZmqMessage::from(frame)).await?;
-            sent += 1;
-            // And at most ~256 batches in flight, so queues stay short.
-            if sent.is_multiple_of(256) {
-                wait_processed(tp.http_port, &mut worker, worker_id, sent, sent - 256).await?;
-            }
-            if gen.finished() >= next_sample {
-                wait_processed(tp.http_port, &mut worker, worker_id, sent, sent).await?;
-                samples.push((gen.finished(), rss_kib(tp_pid)));
-                next_sample += args.rss_requests / 10;
-            }
-        }
-        wait_processed(tp.http_port, &mut worker, worker_id, sent, sent).await?;
-        samples.push((gen.finished(), rss_kib(tp_pid)));
-        println!();
-        println!(
-            "# RSS over {} finished requests ({sent} batches of {rows} rows, K={k}, {:.1} s, {} batches/s):",
-            gen.finished(),
-            start.elapsed().as_secs_f64(),
-            args.rss_rate
-        );
-        println!("| finished requests | TP RSS (KiB) |");
-        println!("|---:|---:|");
-        for (finished, rss) in samples {
-            println!("| {finished} | {rss} |");
-        }
+fn print_rss(rss: &RssRun, rate: u32) {
+    println!();
+    println!(
+        "# RSS over {} finished requests ({} batches of {} rows, K={}, {:.1} s, {rate} batches/s):",
+        rss.finished, rss.batches, rss.rows, rss.k, rss.elapsed_s,
+    );
+    println!("| finished requests | TP RSS (KiB) |");
+    println!("|---:|---:|");
+    for (finished, kib) in &rss.samples {
+        println!("| {finished} | {kib} |");
     }
+}
+
+/// The run's totals: output messages drained, outputs dropped, step-batch gaps.
+async fn print_totals(tp: &Tp, drained: &AtomicU64) -> anyhow::Result<()> {
     println!();
     let text = http_get(tp.http_port, "/metrics").await?;
     println!(
         "# output messages drained by the fake api-server: {}; outputs the TP dropped (forward queue full): {}",
-        drained.load(std::sync::atomic::Ordering::Relaxed),
+        drained.load(Ordering::Relaxed),
         sample(&text, "specula_outputs_dropped_total").unwrap_or(0.0)
     );
     let gaps: f64 = text
@@ -519,7 +656,5 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     println!("# step-batch gaps the TP detected: {gaps}");
-    drop(tp);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -130,40 +130,10 @@ impl Tracker {
         out: &mut Outbox,
         obs: &mut Observations,
     ) {
-        for start in &batch.starts {
-            let id = batch.ids[start.row as usize];
-            if self.requests.contains_key(&id) {
-                // Already known (e.g. restored by a resync): the first start wins.
-                continue;
-            }
-            let owner: Arc<str> = self.owner(&start.owner);
-            if self.requests.len() >= self.max_requests {
-                let state = RequestState::new(owner, start.prompt_tokens, start.arrival_unix_ms, 0);
-                self.refuse_at_cap(state, id, out, obs);
-                continue;
-            }
-            obs.prompt_tokens += u64::from(start.prompt_tokens);
-            self.requests.insert(
-                id,
-                RequestState::new(
-                    owner,
-                    start.prompt_tokens,
-                    start.arrival_unix_ms,
-                    self.num_spec_tokens,
-                ),
-            );
-        }
-
+        self.start_requests(batch, out, obs);
         let speculating = self.speculating();
         out.expect(batch.len());
-        // Independent lookups first, so their cache misses overlap (see `Figures::touch`).
-        for id in &batch.ids {
-            if let Some(state) = self.requests.get(id) {
-                // The entry spans two cache lines; the lookup loaded the first.
-                figures::prefetch((state as *const RequestState).cast::<u8>().wrapping_add(64));
-                state.figures.touch();
-            }
-        }
+        self.prefetch_rows(batch);
         for row in batch.rows() {
             let Some(state) = self.requests.get_mut(&row.id) else {
                 obs.unknown_rows += 1;
@@ -202,13 +172,7 @@ impl Tracker {
                 }
                 Some(reason) => {
                     let mut output = state.tokens_output(row.id, row.tokens.to_vec());
-                    let error = (reason == FinishReason::Error).then(|| {
-                        (
-                            OutputErrorKind::Engine,
-                            "the engine-worker failed the request".to_owned(),
-                        )
-                    });
-                    state.finalize(&mut output, reason, error, speculating);
+                    state.finalize(&mut output, reason, worker_failure(reason), speculating);
                     obs.count_finish(reason);
                     obs.e2e_s.extend(state.age_s(now));
                     let owner = state.owner.clone();
@@ -217,6 +181,45 @@ impl Tracker {
                     }
                     out.push(&owner, output);
                 }
+            }
+        }
+    }
+
+    /// Starts tracking the batch's new requests (those beyond the in-flight cap are refused).
+    fn start_requests(&mut self, batch: &StepBatch, out: &mut Outbox, obs: &mut Observations) {
+        for start in &batch.starts {
+            let id = batch.ids[start.row as usize];
+            if self.requests.contains_key(&id) {
+                // Already known (e.g. restored by a resync): the first start wins.
+                continue;
+            }
+            let owner: Arc<str> = self.owner(&start.owner);
+            if self.requests.len() >= self.max_requests {
+                let state = RequestState::new(owner, start.prompt_tokens, start.arrival_unix_ms, 0);
+                self.refuse_at_cap(state, id, out, obs);
+                continue;
+            }
+            obs.prompt_tokens += u64::from(start.prompt_tokens);
+            self.requests.insert(
+                id,
+                RequestState::new(
+                    owner,
+                    start.prompt_tokens,
+                    start.arrival_unix_ms,
+                    self.num_spec_tokens,
+                ),
+            );
+        }
+    }
+
+    /// Touches every row's request before any is applied.
+    fn prefetch_rows(&self, batch: &StepBatch) {
+        // Independent lookups first, so their cache misses overlap (see `Figures::touch`).
+        for id in &batch.ids {
+            if let Some(state) = self.requests.get(id) {
+                // The entry spans two cache lines; the lookup loaded the first.
+                figures::prefetch((state as *const RequestState).cast::<u8>().wrapping_add(64));
+                state.figures.touch();
             }
         }
     }
@@ -308,77 +311,17 @@ impl Tracker {
         out: &mut Outbox,
         obs: &mut Observations,
     ) {
-        let k = self.num_spec_tokens;
-        let history = figures_from_history(k, &req.drafted, &req.accepted);
+        let history = figures_from_history(self.num_spec_tokens, &req.drafted, &req.accepted);
         let (Some(figures), Some(finish)) = (history, FinishReason::from_code(req.finish)) else {
-            // A resync the worker should never send; fail the request rather than guess.
-            let message = "resync carried an invalid history or finish code";
-            if self.requests.contains_key(&req.id) {
-                self.fail(req.id, OutputErrorKind::StepGap, message, now, out, obs);
-            } else {
-                let owner: Arc<str> = self.owner(&req.owner);
-                let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
-                refuse(
-                    state,
-                    req.id,
-                    (OutputErrorKind::StepGap, message.to_owned()),
-                    out,
-                    obs,
-                );
-            }
+            self.fail_invalid_replay(req, now, out, obs);
             return;
         };
         let ended_before = self.settled.get(req.id);
-        let mut state = match self.requests.remove(&req.id) {
-            Some(mut state) => {
-                obs.figures.add_growth(&figures, &state.figures);
-                state.figures = figures;
-                state
-            }
-            None => {
-                if finish.is_none()
-                    && ended_before.is_none()
-                    && self.requests.len() >= self.max_requests
-                {
-                    let owner: Arc<str> = self.owner(&req.owner);
-                    let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
-                    self.refuse_at_cap(state, req.id, out, obs);
-                    return;
-                }
-                let mut state = RequestState::new(
-                    self.owner(&req.owner),
-                    req.prompt_tokens,
-                    req.arrival_unix_ms,
-                    k,
-                );
-                match ended_before {
-                    Some(ended) => {
-                        let counted = (ended.steps as usize).min(req.drafted.len());
-                        let before = figures_from_history(
-                            k,
-                            &req.drafted[..counted],
-                            &req.accepted[..counted],
-                        )
-                        .unwrap_or_else(|| Figures::new(k));
-                        obs.figures.add_growth(&figures, &before);
-                        state.delivered = ended.delivered;
-                    }
-                    None => {
-                        obs.figures.add(&figures);
-                        obs.prompt_tokens += u64::from(req.prompt_tokens);
-                    }
-                }
-                state.figures = figures;
-                state
-            }
+        let Some(mut state) = self.resynced_state(req, figures, finish, ended_before, out, obs)
+        else {
+            return;
         };
-        state.prefilled = req.prefilled;
-        let fresh = req.tokens.len().saturating_sub(state.delivered as usize);
-        obs.generation_tokens += fresh as u64;
-        if fresh > 0 {
-            state.last_delivery_ns = Some(now.mono_ns);
-        }
-        state.delivered = 0;
+        rewind_deliveries(&mut state, req, now, obs);
         let mut output = state.tokens_output(req.id, req.tokens.clone());
         let owner = state.owner.clone();
         match finish {
@@ -386,13 +329,12 @@ impl Tracker {
                 self.requests.insert(req.id, state);
             }
             Some(reason) => {
-                let error = (reason == FinishReason::Error).then(|| {
-                    (
-                        OutputErrorKind::Engine,
-                        "the engine-worker failed the request".to_owned(),
-                    )
-                });
-                state.finalize(&mut output, reason, error, self.speculating());
+                state.finalize(
+                    &mut output,
+                    reason,
+                    worker_failure(reason),
+                    self.speculating(),
+                );
                 if ended_before.is_none() {
                     obs.count_finish(reason);
                     obs.e2e_s.extend(state.age_s(now));
@@ -402,6 +344,118 @@ impl Tracker {
         }
         out.push(&owner, output);
     }
+
+    /// A resync the worker should never send (history or finish code invalid): fails the
+    /// request rather than guess.
+    fn fail_invalid_replay(
+        &mut self,
+        req: &ResyncRequest,
+        now: Clock,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) {
+        let message = "resync carried an invalid history or finish code";
+        if self.requests.contains_key(&req.id) {
+            self.fail(req.id, OutputErrorKind::StepGap, message, now, out, obs);
+        } else {
+            let owner: Arc<str> = self.owner(&req.owner);
+            let k = self.num_spec_tokens;
+            let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
+            refuse(
+                state,
+                req.id,
+                (OutputErrorKind::StepGap, message.to_owned()),
+                out,
+                obs,
+            );
+        }
+    }
+
+    /// The replayed request's state, taken out of the table, with the worker's `figures` and
+    /// their growth counted in `obs`; None when it was refused at the in-flight cap.
+    fn resynced_state(
+        &mut self,
+        req: &ResyncRequest,
+        figures: Figures,
+        finish: Option<FinishReason>,
+        ended_before: Option<settled::Ended>,
+        out: &mut Outbox,
+        obs: &mut Observations,
+    ) -> Option<RequestState> {
+        if let Some(mut state) = self.requests.remove(&req.id) {
+            obs.figures.add_growth(&figures, &state.figures);
+            state.figures = figures;
+            return Some(state);
+        }
+        if finish.is_none() && ended_before.is_none() && self.requests.len() >= self.max_requests {
+            let owner: Arc<str> = self.owner(&req.owner);
+            let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
+            self.refuse_at_cap(state, req.id, out, obs);
+            return None;
+        }
+        Some(self.untracked_state(req, figures, ended_before, obs))
+    }
+
+    /// The state of a request the table does not hold: one this tracker ended recently counts
+    /// only the steps it had not counted; any other is adopted whole.
+    fn untracked_state(
+        &mut self,
+        req: &ResyncRequest,
+        figures: Figures,
+        ended_before: Option<settled::Ended>,
+        obs: &mut Observations,
+    ) -> RequestState {
+        let k = self.num_spec_tokens;
+        let mut state = RequestState::new(
+            self.owner(&req.owner),
+            req.prompt_tokens,
+            req.arrival_unix_ms,
+            k,
+        );
+        match ended_before {
+            Some(ended) => {
+                let counted = (ended.steps as usize).min(req.drafted.len());
+                let before =
+                    figures_from_history(k, &req.drafted[..counted], &req.accepted[..counted])
+                        .unwrap_or_else(|| Figures::new(k));
+                obs.figures.add_growth(&figures, &before);
+                state.delivered = ended.delivered;
+            }
+            None => {
+                obs.figures.add(&figures);
+                obs.prompt_tokens += u64::from(req.prompt_tokens);
+            }
+        }
+        state.figures = figures;
+        state
+    }
+}
+
+/// A resync sends all of a request's tokens again from index 0: counts those not delivered
+/// before as generated, and restarts the delivery count.
+fn rewind_deliveries(
+    state: &mut RequestState,
+    req: &ResyncRequest,
+    now: Clock,
+    obs: &mut Observations,
+) {
+    state.prefilled = req.prefilled;
+    let fresh = req.tokens.len().saturating_sub(state.delivered as usize);
+    obs.generation_tokens += fresh as u64;
+    if fresh > 0 {
+        state.last_delivery_ns = Some(now.mono_ns);
+    }
+    state.delivered = 0;
+}
+
+/// The error a request the engine-worker finished with `Error` carries.
+fn worker_failure(reason: FinishReason) -> Option<(OutputErrorKind, String)> {
+    (reason == FinishReason::Error).then(|| {
+        (
+            OutputErrorKind::Engine,
+            "the engine-worker failed the request".to_owned(),
+        )
+    })
 }
 
 /// Ends a request that is not (and will not be) tracked: its only output is a final error.
