@@ -15,6 +15,7 @@ use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
 use api_server::routes::{router, AppState};
 use clap::Parser;
+use link::ipc::{default_tp_api_endpoint, default_worker_endpoint};
 
 /// OpenAI-compatible API for specula: completions and chat with per-request speculative
 /// decoding figures.
@@ -39,15 +40,11 @@ struct Args {
         long,
         env = "SPECULA_WORKER_ENDPOINTS",
         value_delimiter = ',',
-        default_values_t = [link::ipc::default_endpoint("worker-0")]
+        default_values_t = [default_worker_endpoint()]
     )]
     worker_endpoints: Vec<String>,
     /// The token-processor's endpoint for api-servers (its ROUTER socket).
-    #[arg(
-        long,
-        env = "SPECULA_TP_ENDPOINT",
-        default_value_t = link::ipc::default_endpoint("tp-api")
-    )]
+    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value_t = default_tp_api_endpoint())]
     tp_endpoint: String,
     /// Require `Authorization: Bearer <key>` on every route but /health.
     #[arg(long, env = "SPECULA_API_KEY", hide_env_values = true)]

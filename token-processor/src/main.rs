@@ -17,6 +17,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::{mpsc, watch};
 use zeromq::{RouterSocket, Socket};
 
+use link::ipc::{default_tp_api_endpoint, default_tp_ingest_endpoint};
 use link::service::{self, Watchdog};
 use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
 use token_processor::replay::{self, Batching, Trace};
@@ -47,18 +48,10 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
     /// ZeroMQ endpoint the ROUTER socket binds for engine-workers (step batches in, acknowledgements out).
-    #[arg(
-        long,
-        env = "SPECULA_INGEST_ENDPOINT",
-        default_value_t = link::ipc::default_endpoint("tp-ingest")
-    )]
+    #[arg(long, env = "SPECULA_INGEST_ENDPOINT", default_value_t = default_tp_ingest_endpoint())]
     ingest_endpoint: String,
     /// ZeroMQ endpoint the ROUTER socket binds for api-servers.
-    #[arg(
-        long,
-        env = "SPECULA_TP_API_ENDPOINT",
-        default_value_t = link::ipc::default_endpoint("tp-api")
-    )]
+    #[arg(long, env = "SPECULA_TP_API_ENDPOINT", default_value_t = default_tp_api_endpoint())]
     api_endpoint: String,
     /// Address `/metrics` and `/health` listen on.
     #[arg(long, env = "SPECULA_METRICS_HOST", default_value = "127.0.0.1")]

@@ -34,6 +34,23 @@ pub fn default_endpoint(name: &str) -> String {
     format!("ipc://{}/{name}.sock", runtime_dir().display())
 }
 
+// Where the three processes meet by default, named once so that both ends of each link agree.
+
+/// The first engine-worker's api endpoint (its ROUTER; api-servers connect).
+pub fn default_worker_endpoint() -> String {
+    default_endpoint("worker-0")
+}
+
+/// The token-processor's ingest endpoint (its ROUTER; engine-workers connect).
+pub fn default_tp_ingest_endpoint() -> String {
+    default_endpoint("tp-ingest")
+}
+
+/// The token-processor's endpoint for api-servers (its ROUTER; api-servers connect).
+pub fn default_tp_api_endpoint() -> String {
+    default_endpoint("tp-api")
+}
+
 /// Before binding `endpoint`: creates its directory (0700) when missing, and deletes its socket
 /// file if nobody accepts connections on it.
 pub fn prepare_bind(endpoint: &str) -> Result<(), LinkError> {
