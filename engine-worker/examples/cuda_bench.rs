@@ -32,8 +32,9 @@ mod bench {
 
     use clap::Parser;
     use engine_worker::backend::cuda::{parse_cuda_device, CudaBackend, CudaOptions, StepTimings};
-    use engine_worker::backend::{LogitsFor, SeqForward};
+    use engine_worker::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
     use engine_worker::model::ModelConfig;
+    use proto::api_worker::SamplingParams;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -91,6 +92,23 @@ mod bench {
             .collect()
     }
 
+    /// Greedy token choice for every sequence (the engine's on-device path).
+    const GREEDY: TokenChoice<'static> = TokenChoice {
+        sampling: &SamplingParams::GREEDY,
+        seed: 0,
+        first_position: 0,
+    };
+
+    /// One decode measurement: timed steps' wall time and phases, and the tokens they made.
+    #[derive(Default)]
+    struct Measured {
+        timed: f64,
+        sums: StepTimings,
+        produced: usize,
+        drafted: usize,
+        accepted: usize,
+    }
+
     pub fn run() -> Result<(), String> {
         let args = Args::parse();
         let ordinal = parse_cuda_device(&args.device)
@@ -101,27 +119,8 @@ mod bench {
         let max_k = args.ks.iter().copied().max().unwrap_or(0);
         let max_len = args.prompt_len + (args.warmup + args.steps) * (max_k + 1) + max_k + 1;
         let blocks_per_seq = max_len.div_ceil(BLOCK);
-        let opts = CudaOptions {
-            ordinal,
-            block_size: BLOCK,
-            num_blocks: Some(max_batch * blocks_per_seq),
-            ..CudaOptions::default()
-        };
-        let load = Instant::now();
-        let mut backend =
-            CudaBackend::dummy_on_device(&config, &opts, 1).map_err(|e| e.to_string())?;
-        backend.synchronize().map_err(|e| e.to_string())?;
-        let weight_bytes = backend.weight_bytes();
-        eprintln!(
-            "device {} (sm_{}{}), model {} ({:.2} GB bf16 weights, generated in {:.1} s)",
-            backend.device_name(),
-            backend.compute_capability().0,
-            backend.compute_capability().1,
-            config.name,
-            weight_bytes as f64 / 1e9,
-            load.elapsed().as_secs_f64()
-        );
-        let bound_ms = weight_bytes as f64 / (args.bandwidth_gbs * 1e9) * 1e3;
+        let mut backend = open_backend(&config, ordinal, max_batch * blocks_per_seq)?;
+        let bound_ms = backend.weight_bytes() as f64 / (args.bandwidth_gbs * 1e9) * 1e3;
         let mut table = String::from(
             "| batch | K | tokens/s | step ms | forward ms | sampling ms | transfer ms | accepted/drafted | batch-1 % of bandwidth bound |\n|---|---|---|---|---|---|---|---|---|\n",
         );
@@ -139,91 +138,9 @@ mod bench {
                             .collect(),
                     })
                     .collect();
-                // Prefill in groups that keep activations to a few thousand tokens.
-                let group = (4096 / args.prompt_len.max(1)).max(1);
-                for chunk in seqs.chunks_mut(group) {
-                    let fwd: Vec<SeqForward<'_>> = chunk
-                        .iter()
-                        .map(|s| SeqForward {
-                            tokens: &s.tokens,
-                            start_pos: 0,
-                            block_table: &s.table,
-                            logits: LogitsFor::Last,
-                        })
-                        .collect();
-                    let out = backend.verify(&fwd, None).map_err(|e| e.to_string())?;
-                    for (s, o) in chunk.iter_mut().zip(out) {
-                        s.cached = s.tokens.len();
-                        s.tokens.extend(o.tokens);
-                    }
-                }
-                backend.set_profiling(true);
-                let mut sums = StepTimings::default();
-                let (mut produced, mut drafted, mut accepted) = (0usize, 0usize, 0usize);
-                let mut timed = 0.0f64;
-                for step in 0..args.warmup + args.steps {
-                    let chunks: Vec<Vec<u32>> = seqs
-                        .iter()
-                        .map(|s| {
-                            let mut c = vec![*s.tokens.last().unwrap()];
-                            c.extend(drafts(&s.tokens, k));
-                            c
-                        })
-                        .collect();
-                    let fwd: Vec<SeqForward<'_>> = seqs
-                        .iter()
-                        .zip(&chunks)
-                        .map(|(s, c)| SeqForward {
-                            tokens: c,
-                            start_pos: s.cached,
-                            block_table: &s.table,
-                            logits: if k == 0 {
-                                LogitsFor::Last
-                            } else {
-                                LogitsFor::All
-                            },
-                        })
-                        .collect();
-                    let t0 = Instant::now();
-                    let out = backend.verify(&fwd, None).map_err(|e| e.to_string())?;
-                    let elapsed = t0.elapsed().as_secs_f64();
-                    let phases = backend.last_timings().unwrap_or_default();
-                    for (s, o) in seqs.iter_mut().zip(&out) {
-                        s.cached += 1 + o.accepted;
-                        s.tokens.extend(&o.tokens);
-                    }
-                    if step >= args.warmup {
-                        timed += elapsed;
-                        sums.forward_s += phases.forward_s;
-                        sums.sampling_s += phases.sampling_s;
-                        sums.transfer_s += phases.transfer_s;
-                        produced += out.iter().map(|o| o.tokens.len()).sum::<usize>();
-                        drafted += out.iter().map(|o| o.drafted).sum::<usize>();
-                        accepted += out.iter().map(|o| o.accepted).sum::<usize>();
-                    }
-                }
-                backend.set_profiling(false);
-                let n = args.steps.max(1) as f64;
-                let step_ms = timed / n * 1e3;
-                let tps = produced as f64 / timed;
-                let pct = if batch == 1 && k == 0 {
-                    format!("{:.0}%", bound_ms / step_ms * 100.0)
-                } else {
-                    "-".into()
-                };
-                println!(
-                    "{{\"model\":\"{}\",\"batch\":{batch},\"k\":{k},\"tokens_per_s\":{tps:.1},\"step_ms\":{step_ms:.3},\"forward_ms\":{:.3},\"sampling_ms\":{:.3},\"transfer_ms\":{:.3},\"drafted\":{drafted},\"accepted\":{accepted},\"bandwidth_bound_ms\":{bound_ms:.3}}}",
-                    config.name,
-                    sums.forward_s / n * 1e3,
-                    sums.sampling_s / n * 1e3,
-                    sums.transfer_s / n * 1e3,
-                );
-                table.push_str(&format!(
-                    "| {batch} | {k} | {tps:.0} | {step_ms:.2} | {:.2} | {:.3} | {:.3} | {accepted}/{drafted} | {pct} |\n",
-                    sums.forward_s / n * 1e3,
-                    sums.sampling_s / n * 1e3,
-                    sums.transfer_s / n * 1e3,
-                ));
+                prefill(&mut backend, &mut seqs, args.prompt_len)?;
+                let m = decode(&mut backend, &mut seqs, k, &args)?;
+                table.push_str(&report(&config, batch, k, &m, &args, bound_ms));
             }
         }
         eprintln!("\n{table}");
@@ -232,5 +149,150 @@ mod bench {
             args.bandwidth_gbs
         );
         Ok(())
+    }
+
+    /// The backend with device-generated weights and `num_blocks` KV blocks.
+    fn open_backend(
+        config: &ModelConfig,
+        ordinal: usize,
+        num_blocks: usize,
+    ) -> Result<CudaBackend, String> {
+        let opts = CudaOptions {
+            ordinal,
+            block_size: BLOCK,
+            num_blocks: Some(num_blocks),
+            ..CudaOptions::default()
+        };
+        let load = Instant::now();
+        let backend = CudaBackend::dummy_on_device(config, &opts, 1).map_err(|e| e.to_string())?;
+        backend.synchronize().map_err(|e| e.to_string())?;
+        eprintln!(
+            "device {} (sm_{}{}), model {} ({:.2} GB bf16 weights, generated in {:.1} s)",
+            backend.device_name(),
+            backend.compute_capability().0,
+            backend.compute_capability().1,
+            config.name,
+            backend.weight_bytes() as f64 / 1e9,
+            load.elapsed().as_secs_f64()
+        );
+        Ok(backend)
+    }
+
+    /// Prefills in groups that keep activations to a few thousand tokens.
+    fn prefill(
+        backend: &mut CudaBackend,
+        seqs: &mut [Seq],
+        prompt_len: usize,
+    ) -> Result<(), String> {
+        let group = (4096 / prompt_len.max(1)).max(1);
+        for chunk in seqs.chunks_mut(group) {
+            let fwd: Vec<SeqForward<'_>> = chunk
+                .iter()
+                .map(|s| SeqForward {
+                    tokens: &s.tokens,
+                    start_pos: 0,
+                    block_table: &s.table,
+                    logits: LogitsFor::Last,
+                })
+                .collect();
+            let out = backend
+                .forward_and_verify(&fwd, &vec![GREEDY; fwd.len()])
+                .map_err(|e| e.to_string())?;
+            for (s, o) in chunk.iter_mut().zip(out) {
+                s.cached = s.tokens.len();
+                s.tokens.extend(o.tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// `--warmup` untimed then `--steps` timed decode steps of K drafts each.
+    fn decode(
+        backend: &mut CudaBackend,
+        seqs: &mut [Seq],
+        k: usize,
+        args: &Args,
+    ) -> Result<Measured, String> {
+        backend.set_profiling(true);
+        let mut m = Measured::default();
+        for step in 0..args.warmup + args.steps {
+            let chunks: Vec<Vec<u32>> = seqs
+                .iter()
+                .map(|s| {
+                    let mut c = vec![*s.tokens.last().unwrap()];
+                    c.extend(drafts(&s.tokens, k));
+                    c
+                })
+                .collect();
+            let fwd: Vec<SeqForward<'_>> = seqs
+                .iter()
+                .zip(&chunks)
+                .map(|(s, c)| SeqForward {
+                    tokens: c,
+                    start_pos: s.cached,
+                    block_table: &s.table,
+                    logits: if k == 0 {
+                        LogitsFor::Last
+                    } else {
+                        LogitsFor::All
+                    },
+                })
+                .collect();
+            let choices = vec![GREEDY; fwd.len()];
+            let t0 = Instant::now();
+            let out = backend
+                .forward_and_verify(&fwd, &choices)
+                .map_err(|e| e.to_string())?;
+            let elapsed = t0.elapsed().as_secs_f64();
+            let phases = backend.last_timings().unwrap_or_default();
+            for (s, o) in seqs.iter_mut().zip(&out) {
+                s.cached += 1 + o.accepted;
+                s.tokens.extend(&o.tokens);
+            }
+            if step >= args.warmup {
+                m.timed += elapsed;
+                m.sums.forward_s += phases.forward_s;
+                m.sums.sampling_s += phases.sampling_s;
+                m.sums.transfer_s += phases.transfer_s;
+                m.produced += out.iter().map(|o| o.tokens.len()).sum::<usize>();
+                m.drafted += out.iter().map(|o| o.drafted).sum::<usize>();
+                m.accepted += out.iter().map(|o| o.accepted).sum::<usize>();
+            }
+        }
+        backend.set_profiling(false);
+        Ok(m)
+    }
+
+    /// Prints the configuration's JSON line and returns its Markdown table row.
+    fn report(
+        config: &ModelConfig,
+        batch: usize,
+        k: usize,
+        m: &Measured,
+        args: &Args,
+        bound_ms: f64,
+    ) -> String {
+        let (drafted, accepted) = (m.drafted, m.accepted);
+        let n = args.steps.max(1) as f64;
+        let step_ms = m.timed / n * 1e3;
+        let tps = m.produced as f64 / m.timed;
+        let pct = if batch == 1 && k == 0 {
+            format!("{:.0}%", bound_ms / step_ms * 100.0)
+        } else {
+            "-".into()
+        };
+        println!(
+            "{{\"model\":\"{}\",\"batch\":{batch},\"k\":{k},\"tokens_per_s\":{tps:.1},\"step_ms\":{step_ms:.3},\"forward_ms\":{:.3},\"sampling_ms\":{:.3},\"transfer_ms\":{:.3},\"drafted\":{drafted},\"accepted\":{accepted},\"bandwidth_bound_ms\":{bound_ms:.3}}}",
+            config.name,
+            m.sums.forward_s / n * 1e3,
+            m.sums.sampling_s / n * 1e3,
+            m.sums.transfer_s / n * 1e3,
+        );
+        format!(
+            "| {batch} | {k} | {tps:.0} | {step_ms:.2} | {:.2} | {:.3} | {:.3} | {accepted}/{drafted} | {pct} |\n",
+            m.sums.forward_s / n * 1e3,
+            m.sums.sampling_s / n * 1e3,
+            m.sums.transfer_s / n * 1e3,
+        )
     }
 }

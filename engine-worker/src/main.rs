@@ -10,10 +10,10 @@ use clap::{Parser, ValueEnum};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
-use engine_worker::io::api::{bind_api, run_api_link, ApiLinkConfig, ApiLinkSettings};
+use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettings};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
-use engine_worker::io::{EngineCommand, WorkerStatus};
+use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
@@ -204,27 +204,8 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         .worker_id
         .get_or_insert_with(|| link::identity::default_id("worker", &args.api_endpoint))
         .clone();
-    let epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or_default();
+    let status = worker_status(&args, &worker_id);
     let heartbeat = args.service.liveness().interval;
-    // The same name the loader gives the model, so metric labels do not change when the
-    // not-ready hello is followed by the ready one.
-    let model_label = vocab::served_model_name(&args.model);
-    let proposer = if args.num_spec_tokens > 0 {
-        args.proposer.kind().name()
-    } else {
-        "none"
-    };
-    let status = Arc::new(WorkerStatus::new(
-        worker_id.clone(),
-        epoch,
-        model_label.clone(),
-        args.num_spec_tokens as u32,
-        proposer.into(),
-        args.service.heartbeat_interval_ms,
-    ));
     let link_secret = link::auth::secret_for(
         args.service.link_secret_file.as_ref(),
         &[&args.api_endpoint, &args.tp_endpoint],
@@ -237,7 +218,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let (cmd_tx, cmd_rx) = std::sync::mpsc::sync_channel(4096);
     let (tp_tx, tp_rx) = tokio::sync::mpsc::channel(args.tp_queue.max(1));
     let (api_tx, api_rx) = tokio::sync::mpsc::channel(4096);
-    let (limits_tx, limits_rx) = tokio::sync::watch::channel(None);
+    let (admission_tx, admission_rx) = tokio::sync::watch::channel(None);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let (loaded_tx, loaded_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
 
@@ -246,7 +227,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         status.clone(),
         cmd_tx.clone(),
         api_rx,
-        limits_rx,
+        admission_rx,
         ApiLinkSettings {
             heartbeat_interval: heartbeat,
             gate: link::auth::Gate::new(link_secret.clone()),
@@ -266,64 +247,17 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     ));
 
     let drain = Duration::from_secs(args.drain_timeout_secs);
+    let ends = EngineEnds {
+        commands: cmd_rx,
+        to_tp: tp_tx,
+        to_api: api_tx,
+        admission: admission_tx,
+        loaded: loaded_tx,
+    };
     let engine_status = status.clone();
     let engine_thread = std::thread::Builder::new()
         .name("step-loop".into())
-        .spawn(move || {
-            let engine = match build_engine(&args) {
-                Ok(engine) => engine,
-                Err(err) => {
-                    let _ = loaded_tx.send(Err(err));
-                    return;
-                }
-            };
-            let trace = match &args.trace_acceptance {
-                None => None,
-                Some(path) => match TraceWriter::create(
-                    path,
-                    args.num_spec_tokens,
-                    &engine.backend().config().name,
-                    &worker_id,
-                    engine.proposer_name(),
-                ) {
-                    Ok(t) => Some(t),
-                    Err(err) => {
-                        let _ = loaded_tx.send(Err(anyhow::anyhow!(
-                            "cannot create trace {}: {err}",
-                            path.display()
-                        )));
-                        return;
-                    }
-                },
-            };
-            let _ = limits_tx.send(Some(ApiLinkConfig {
-                heartbeat_interval: heartbeat,
-                max_model_len: engine.config().max_model_len,
-                vocab_size: engine.backend().config().vocab_size,
-                has_token_bytes: engine.has_token_bytes(),
-                max_waiting: engine.config().max_waiting,
-            }));
-            engine_status.set_ready(
-                engine.backend().config().name.clone(),
-                engine.config().max_model_len,
-                engine.kv_capacity_tokens(),
-            );
-            // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
-            engine_status.request_resync();
-            let _ = loaded_tx.send(Ok(()));
-            let watchdog = link::service::Watchdog::from_env();
-            run_step_loop(
-                engine,
-                StepLoopIo {
-                    commands: cmd_rx,
-                    to_tp: tp_tx,
-                    to_api: api_tx,
-                    status: engine_status,
-                    trace,
-                    watchdog,
-                },
-            );
-        })?;
+        .spawn(move || step_loop_thread(&args, &worker_id, engine_status, ends))?;
 
     tokio::select! {
         loaded = loaded_rx => {
@@ -350,21 +284,140 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let _ = cmd_tx.send(EngineCommand::Drain {
         deadline: Instant::now() + drain,
     });
-    // The link ends after sending the step loop's goodbye; bound the wait regardless.
-    if tokio::time::timeout(drain + Duration::from_secs(10), tp_task)
-        .await
-        .is_err()
-    {
-        tracing::error!("token-processor link did not finish in time");
-    }
-    let _ = shutdown_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(2), api_task).await;
-    let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
+    let running = Running {
+        tp_task,
+        api_task,
+        engine_thread,
+        shutdown: shutdown_tx,
+    };
+    running.stop(drain).await;
     tracing::info!("bye");
     Ok(())
 }
 
-fn build_engine(args: &Args) -> anyhow::Result<Engine<Box<dyn Backend>>> {
+/// The worker's tasks and thread, once serving.
+struct Running {
+    tp_task: tokio::task::JoinHandle<()>,
+    api_task: tokio::task::JoinHandle<()>,
+    engine_thread: std::thread::JoinHandle<()>,
+    /// Ends the api link.
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl Running {
+    /// After the drain was asked for: waits for the step loop's goodbye to reach the
+    /// token-processor, then ends the api link and the step loop.
+    async fn stop(self, drain: Duration) {
+        // The link ends after sending the step loop's goodbye; bound the wait regardless.
+        if tokio::time::timeout(drain + Duration::from_secs(10), self.tp_task)
+            .await
+            .is_err()
+        {
+            tracing::error!("token-processor link did not finish in time");
+        }
+        let _ = self.shutdown.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.api_task).await;
+        let engine_thread = self.engine_thread;
+        let _ = tokio::task::spawn_blocking(move || engine_thread.join()).await;
+    }
+}
+
+/// What the worker says of itself in hellos and heartbeats, before the model is loaded.
+fn worker_status(args: &Args, worker_id: &str) -> Arc<WorkerStatus> {
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default();
+    // The same name the loader gives the model, so metric labels do not change when the
+    // not-ready hello is followed by the ready one.
+    let model_label = vocab::served_model_name(&args.model);
+    let proposer = if args.num_spec_tokens > 0 {
+        args.proposer.kind().name()
+    } else {
+        "none"
+    };
+    Arc::new(WorkerStatus::new(
+        worker_id.to_owned(),
+        epoch,
+        model_label,
+        args.num_spec_tokens as u32,
+        proposer.into(),
+        args.service.heartbeat_interval_ms,
+    ))
+}
+
+/// The engine on whichever backend `--device` chose.
+type WorkerEngine = Engine<Box<dyn Backend>>;
+
+/// The step loop's ends of the worker's channels.
+struct EngineEnds {
+    commands: std::sync::mpsc::Receiver<EngineCommand>,
+    to_tp: tokio::sync::mpsc::Sender<TpOutbound>,
+    to_api: tokio::sync::mpsc::Sender<ApiOutbound>,
+    /// Tells the api link what it needs to admit requests, once the model is loaded.
+    admission: tokio::sync::watch::Sender<Option<ApiAdmission>>,
+    /// Whether loading worked.
+    loaded: tokio::sync::oneshot::Sender<anyhow::Result<()>>,
+}
+
+/// The step-loop thread: loads the model and says so (to the api link, the status and
+/// `ends.loaded`), then steps until a drain ends.
+fn step_loop_thread(args: &Args, worker_id: &str, status: Arc<WorkerStatus>, ends: EngineEnds) {
+    let (engine, trace) = match load_engine(args, worker_id) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            let _ = ends.loaded.send(Err(err));
+            return;
+        }
+    };
+    let _ = ends.admission.send(Some(ApiAdmission {
+        max_waiting: engine.config().max_waiting,
+    }));
+    status.set_ready(
+        engine.backend().config().name.clone(),
+        engine.config().max_model_len,
+        engine.kv_capacity_tokens(),
+    );
+    // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
+    status.request_resync();
+    let _ = ends.loaded.send(Ok(()));
+    let watchdog = link::service::Watchdog::from_env();
+    run_step_loop(
+        engine,
+        StepLoopIo {
+            commands: ends.commands,
+            to_tp: ends.to_tp,
+            to_api: ends.to_api,
+            status,
+            trace,
+            watchdog,
+        },
+    );
+}
+
+/// The engine and, when asked for, its acceptance trace.
+fn load_engine(
+    args: &Args,
+    worker_id: &str,
+) -> anyhow::Result<(WorkerEngine, Option<TraceWriter>)> {
+    let engine = build_engine(args)?;
+    let trace = match &args.trace_acceptance {
+        None => None,
+        Some(path) => Some(
+            TraceWriter::create(
+                path,
+                args.num_spec_tokens,
+                &engine.backend().config().name,
+                worker_id,
+                engine.proposer_name(),
+            )
+            .map_err(|err| anyhow::anyhow!("cannot create trace {}: {err}", path.display()))?,
+        ),
+    };
+    Ok((engine, trace))
+}
+
+fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
     let format = match args.load_format {
         LoadFormatArg::Auto => LoadFormat::Auto,
         LoadFormatArg::Gguf => LoadFormat::Gguf,

@@ -5,7 +5,8 @@
 //!   against a plain f32 host reference of the same seeded dummy weights;
 //! - the paged-attention kernel against a plain reference at ragged lengths;
 //! - on-device greedy and sampled verification against the same decisions made on the host
-//!   from the downloaded logits;
+//!   from the downloaded logits, and `Backend::forward_and_verify` choosing exactly the host's
+//!   tokens;
 //! - the engine's greedy output with and without speculation on the GPU.
 #![cfg(feature = "cuda")]
 
@@ -19,7 +20,7 @@ use cuda_support::{assert_close, gpu_or_skip, small_llama, Reference};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::cuda::harness::{paged_attention, AttentionCase};
 use engine_worker::backend::cuda::{CudaBackend, CudaOptions, SeqSampling};
-use engine_worker::backend::{Backend, LogitsFor, SeqForward};
+use engine_worker::backend::{verify_on_host, Backend, LogitsFor, SeqForward, TokenChoice};
 use engine_worker::engine::Engine;
 use engine_worker::model::{Model, ModelConfig, RopeStyle, WeightType};
 use half::bf16;
@@ -311,7 +312,7 @@ fn host_greedy(rows: &[&[f32]], drafts: &[u32]) -> (Vec<u32>, usize) {
 }
 
 /// Prefills the same prompts on two backends with the same weights, then runs the same verify
-/// batch as `forward` (logits to the host) on one and as `verify` (on the device) on the other.
+/// batch as `forward` (logits to the host) on one and as `verify_on_device` on the other.
 fn verify_setup(ordinal: usize) -> (CudaBackend, CudaBackend, Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let config = small_llama(RopeStyle::HalfSplit);
     let model = Model::dummy(config.clone(), WeightType::BF16, 21).unwrap();
@@ -374,7 +375,7 @@ fn cuda_greedy_verify_on_device_matches_host_decisions() {
         .map(|((c, t), len)| SeqForward::new(c, len - 1, t, LogitsFor::All))
         .collect();
     let logits = host_side.forward(&batch).unwrap();
-    let outcomes = device_side.verify(&batch, None).unwrap();
+    let outcomes = device_side.verify_on_device(&batch, None).unwrap();
     let mut row = 0;
     let mut accepted_total = 0;
     for (i, c) in chunks.iter().enumerate() {
@@ -425,7 +426,9 @@ fn cuda_sampled_verify_on_device_matches_host_decisions() {
         })
         .collect();
     let logits = host_side.forward(&batch).unwrap();
-    let outcomes = device_side.verify(&batch, Some(&sampling)).unwrap();
+    let outcomes = device_side
+        .verify_on_device(&batch, Some(&sampling))
+        .unwrap();
     let mut row = 0;
     for (i, c) in chunks.iter().enumerate() {
         let rows: Vec<&[f32]> = logits[row * v..(row + c.len()) * v]
@@ -497,6 +500,46 @@ fn cuda_sampled_verify_on_device_matches_host_decisions() {
 }
 
 #[test]
+fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
+    let Some(ordinal) = gpu_or_skip("cuda_forward_and_verify") else {
+        return;
+    };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        top_k: 0,
+        seed: Some(3),
+    };
+    // All greedy (decided on the device), then a batch with a sampled request (on the host).
+    for params in [SamplingParams::GREEDY, sampled] {
+        let (mut host_side, mut device_side, chunks, tables) = verify_setup(ordinal);
+        let v = host_side.config().vocab_size;
+        let prompt_lens = [5usize, 12, 19, 26];
+        let batch: Vec<SeqForward<'_>> = chunks
+            .iter()
+            .zip(&tables)
+            .zip(prompt_lens)
+            .map(|((c, t), len)| SeqForward::new(c, len - 1, t, LogitsFor::All))
+            .collect();
+        let choices: Vec<TokenChoice<'_>> = (0..batch.len())
+            .map(|i| TokenChoice {
+                sampling: if i == 0 {
+                    &params
+                } else {
+                    &SamplingParams::GREEDY
+                },
+                seed: 11 + i as u64,
+                first_position: i,
+            })
+            .collect();
+        let logits = host_side.forward(&batch).unwrap();
+        let want = verify_on_host(&logits, v, &batch, &choices).unwrap();
+        let got = device_side.forward_and_verify(&batch, &choices).unwrap();
+        assert_eq!(got, want, "{params:?}");
+    }
+}
+
+#[test]
 fn cuda_greedy_output_is_identical_with_and_without_speculation() {
     let Some(ordinal) = gpu_or_skip("cuda_greedy_spec") else {
         return;
@@ -555,7 +598,7 @@ fn cuda_greedy_output_is_identical_with_and_without_speculation() {
 #[test]
 fn cuda_device_generated_dummy_weights_decode() {
     // The benchmark's weights: generated on the device. Checks they give finite, non-constant
-    // logits and that greedy decoding through `verify` is deterministic.
+    // logits and that greedy decoding through `verify_on_device` is deterministic.
     let Some(ordinal) = gpu_or_skip("cuda_device_dummy") else {
         return;
     };
@@ -576,7 +619,7 @@ fn cuda_device_generated_dummy_weights_decode() {
             let pos = tokens.len() - 1;
             let step = [*tokens.last().unwrap()];
             let out = gpu
-                .verify(
+                .verify_on_device(
                     &[SeqForward::new(&step, pos, &table, LogitsFor::Last)],
                     None,
                 )

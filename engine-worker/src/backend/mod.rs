@@ -5,8 +5,12 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod verify;
+
+pub use verify::{check_choices, verify_on_host, TokenChoice};
 
 use crate::model::ModelConfig;
+use crate::spec::Verdict;
 use crate::EngineError;
 
 /// Which positions of a sequence's chunk need logits.
@@ -51,6 +55,15 @@ impl<'a> SeqForward<'a> {
             LogitsFor::All => self.tokens.len(),
         }
     }
+
+    /// The drafts this chunk verifies: `tokens[1..]` when every position gets logits (a verify
+    /// chunk `[last, d_1..d_k]`), none when only the last does.
+    pub fn drafts(&self) -> &'a [u32] {
+        match self.logits {
+            LogitsFor::Last => &[],
+            LogitsFor::All => self.tokens.get(1..).unwrap_or(&[]),
+        }
+    }
 }
 
 /// A model on a device with its paged KV cache.
@@ -64,6 +77,21 @@ pub trait Backend: Send {
     /// each block table and returns f32 logits, `[sum of logit_rows, vocab_size]` row-major, in
     /// sequence order. Each sequence's result does not depend on the others in the batch.
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError>;
+
+    /// Runs one batched forward like [`Backend::forward`] and, per sequence, verifies its
+    /// [drafts](SeqForward::drafts) and picks one token of the model's own
+    /// ([`crate::spec::verify`]); `choices` has one entry per sequence. The default verifies on
+    /// the host; a backend may override it to choose on its device, as long as every token is
+    /// the one the host would choose.
+    fn forward_and_verify(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        choices: &[TokenChoice<'_>],
+    ) -> Result<Vec<Verdict>, EngineError> {
+        check_choices(seqs, choices)?;
+        let logits = self.forward(seqs)?;
+        verify_on_host(&logits, self.config().vocab_size, seqs, choices)
+    }
 }
 
 /// Lets the step driver hold whichever backend `--device` chose.
@@ -79,6 +107,13 @@ impl Backend for Box<dyn Backend> {
     }
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
         (**self).forward(seqs)
+    }
+    fn forward_and_verify(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        choices: &[TokenChoice<'_>],
+    ) -> Result<Vec<Verdict>, EngineError> {
+        (**self).forward_and_verify(seqs, choices)
     }
 }
 

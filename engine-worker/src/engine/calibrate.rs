@@ -4,7 +4,9 @@
 
 use std::time::Instant;
 
-use crate::backend::{Backend, LogitsFor, SeqForward};
+use proto::api_worker::SamplingParams;
+
+use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
 
 /// Sweeps over the sizes; per size the fastest run counts (a disturbed run is slower, never
@@ -15,6 +17,12 @@ const SWEEPS: usize = 3;
 /// what a verify token costs (ShareGPT chats run 100–600 positions). A cache too small for it
 /// is calibrated without context.
 const CONTEXT: usize = 256;
+
+const GREEDY_CHOICE: TokenChoice<'static> = TokenChoice {
+    sampling: &SamplingParams::GREEDY,
+    seed: 0,
+    first_position: 0,
+};
 
 /// Token counts measured: doublings from 1 up to the most a verify step carries.
 fn sizes(max_step_tokens: usize) -> Vec<usize> {
@@ -72,8 +80,10 @@ pub fn calibrate<B: Backend>(
                     logits: LogitsFor::All,
                 })
                 .collect();
+            let choices = vec![GREEDY_CHOICE; forwards.len()];
             let started = Instant::now();
-            if backend.forward(&forwards).is_err() {
+            // Timed as the steps are (see `Engine::run_forwards`): forward and verification.
+            if backend.forward_and_verify(&forwards, &choices).is_err() {
                 fastest.truncate(i);
                 break 'sweeps;
             }

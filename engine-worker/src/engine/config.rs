@@ -66,7 +66,9 @@ impl Default for EngineConfig {
 }
 
 /// Rejects a request that can never run: empty prompt, unknown token ids, bad parameters, or
-/// prompt plus `max_tokens` past the model length.
+/// prompt plus `max_tokens` past the model length. The worker's one check of a request (run by
+/// `Engine::add_request`): the api-server validates at its edge, but any client may speak the
+/// protocol, and the engine stays sound only with these.
 pub fn validate_request(
     req: &AddRequest,
     max_model_len: usize,

@@ -9,12 +9,11 @@ use super::config::{validate_request, EngineConfig, ProposerKind};
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
-use crate::backend::{Backend, LogitsFor, SeqForward};
+use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
-use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
-    verify, DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
+    DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
     SuffixProposer, Verdict,
 };
 use vocab::TokenBytes;
@@ -23,10 +22,9 @@ use vocab::TokenBytes;
 /// along its last segment beyond it.
 const CALIBRATION_MAX_TOKENS: usize = 64;
 
-/// One running sequence's outcome of a step: what it drafted (and how strong the proposer's
-/// match was), and the verifier's verdict.
+/// One running sequence's outcome of a step: the verifier's verdict, and how strong the
+/// proposer's match its drafts came from was.
 struct RowVerdict {
-    drafted: usize,
     strength: usize,
     verdict: Verdict,
 }
@@ -384,55 +382,30 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
-    /// running sequence its drafts and verdict.
+    /// running sequence its verdict.
     fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
         let planned = self.plan_drafts();
         let running = self.scheduler.running();
-        // Resumed sequences first rebuild their cache (all but the last token) in a forward of
-        // their own, so the verify forward below treats them like any running sequence.
-        let recompute: Vec<SeqForward<'_>> = running
+        recompute_resumed(&mut self.backend, running)?;
+        let chunks = verify_chunks(running, &planned);
+        let forwards = step_forwards(running, &chunks);
+        let choices: Vec<TokenChoice<'_>> = running
             .iter()
-            .filter(|s| s.phase() == SequencePhase::Recompute)
-            .map(|s| SeqForward {
-                tokens: &s.tokens[s.num_computed..s.len() - 1],
-                start_pos: s.num_computed,
-                block_table: s.blocks.blocks(),
-                logits: LogitsFor::Last,
-            })
-            .collect();
-        if !recompute.is_empty() {
-            self.backend.forward(&recompute)?;
-        }
-        let verify_inputs: Vec<Vec<u32>> = running
-            .iter()
-            .zip(&planned)
-            .map(|(s, (d, _))| {
-                let mut t = Vec::with_capacity(d.len() + 1);
-                t.push(*s.tokens.last().expect("sequences are never empty"));
-                t.extend_from_slice(d);
-                t
-            })
-            .collect();
-        let forwards: Vec<SeqForward<'_>> = running
-            .iter()
-            .zip(&verify_inputs)
-            .map(|(s, input)| match s.phase() {
-                SequencePhase::Prefill => SeqForward {
-                    tokens: &s.tokens[..s.prompt_len],
-                    start_pos: 0,
-                    block_table: s.blocks.blocks(),
-                    logits: LogitsFor::Last,
-                },
-                SequencePhase::Recompute | SequencePhase::Verify => SeqForward {
-                    tokens: input,
-                    start_pos: s.len() - 1,
-                    block_table: s.blocks.blocks(),
-                    logits: LogitsFor::All,
-                },
+            .map(|s| TokenChoice {
+                sampling: &s.sampling,
+                seed: s.seed,
+                first_position: s.num_generated(),
             })
             .collect();
         let started = std::time::Instant::now();
-        let logits = self.backend.forward(&forwards)?;
+        let verdicts = self.backend.forward_and_verify(&forwards, &choices)?;
+        if verdicts.len() != forwards.len() {
+            return Err(crate::EngineError::InvalidBatch(format!(
+                "backend returned {} verdicts for {} sequences",
+                verdicts.len(),
+                forwards.len()
+            )));
+        }
         // Steps with a prompt in them cost differently per token: only verify steps teach the
         // policy what a verify token costs.
         if forwards.iter().all(|f| f.logits == LogitsFor::All) {
@@ -440,43 +413,11 @@ impl<B: Backend> Engine<B> {
             self.planner
                 .observe_forward(tokens, started.elapsed().as_secs_f64());
         }
-        let vocab = self.backend.config().vocab_size;
-        let expected: usize = forwards.iter().map(|f| f.logit_rows()).sum::<usize>() * vocab;
-        if logits.len() != expected {
-            return Err(crate::EngineError::InvalidBatch(format!(
-                "backend returned {} logits, expected {expected}",
-                logits.len()
-            )));
-        }
-        let mut offset = 0;
-        let mut verdicts = Vec::with_capacity(running.len());
-        for ((s, f), (d, strength)) in running.iter().zip(&forwards).zip(&planned) {
-            let rows = &logits[offset..offset + f.logit_rows() * vocab];
-            offset += rows.len();
-            let position = s.num_generated();
-            if f.logits == LogitsFor::Last {
-                let token = if is_greedy(&s.sampling) {
-                    argmax(rows)
-                } else {
-                    Distribution::new(rows, &s.sampling).sample(&mut position_rng(s.seed, position))
-                };
-                verdicts.push(RowVerdict {
-                    drafted: 0,
-                    strength: 0,
-                    verdict: Verdict {
-                        accepted: 0,
-                        tokens: vec![token],
-                    },
-                });
-            } else {
-                verdicts.push(RowVerdict {
-                    drafted: d.len(),
-                    strength: *strength,
-                    verdict: verify(rows, vocab, d, &s.sampling, s.seed, position),
-                });
-            }
-        }
-        Ok(verdicts)
+        Ok(verdicts
+            .into_iter()
+            .zip(planned)
+            .map(|(verdict, (_, strength))| RowVerdict { strength, verdict })
+            .collect())
     }
 
     fn apply(&mut self, verdicts: Vec<RowVerdict>, rows: &mut Vec<RowOut>) {
@@ -487,7 +428,11 @@ impl<B: Backend> Engine<B> {
         };
         let mut finished = Vec::new();
         for (seq, v) in self.scheduler.running_mut().iter_mut().zip(verdicts) {
-            let (drafted, accepted, tokens) = (v.drafted, v.verdict.accepted, v.verdict.tokens);
+            let Verdict {
+                drafted,
+                accepted,
+                tokens,
+            } = v.verdict;
             let kind = if seq.prefilled {
                 RowKind::Verify
             } else {
@@ -532,6 +477,64 @@ impl<B: Backend> Engine<B> {
             }
         }
     }
+}
+
+/// Resumed sequences first rebuild their cache (all but the last token) in a forward of their
+/// own, so the step's forward treats them like any running sequence.
+fn recompute_resumed<B: Backend>(
+    backend: &mut B,
+    running: &[Sequence],
+) -> Result<(), crate::EngineError> {
+    let recompute: Vec<SeqForward<'_>> = running
+        .iter()
+        .filter(|s| s.phase() == SequencePhase::Recompute)
+        .map(|s| SeqForward {
+            tokens: &s.tokens[s.num_computed..s.len() - 1],
+            start_pos: s.num_computed,
+            block_table: s.blocks.blocks(),
+            logits: LogitsFor::Last,
+        })
+        .collect();
+    if !recompute.is_empty() {
+        backend.forward(&recompute)?;
+    }
+    Ok(())
+}
+
+/// Per running sequence, the chunk a verify forward runs: its last token, then its drafts.
+fn verify_chunks(running: &[Sequence], planned: &[(Vec<u32>, usize)]) -> Vec<Vec<u32>> {
+    running
+        .iter()
+        .zip(planned)
+        .map(|(s, (drafts, _))| {
+            let mut chunk = Vec::with_capacity(drafts.len() + 1);
+            chunk.push(*s.tokens.last().expect("sequences are never empty"));
+            chunk.extend_from_slice(drafts);
+            chunk
+        })
+        .collect()
+}
+
+/// The step's forward per running sequence: a prompt's last row, or a verify chunk's every row.
+fn step_forwards<'a>(running: &'a [Sequence], chunks: &'a [Vec<u32>]) -> Vec<SeqForward<'a>> {
+    running
+        .iter()
+        .zip(chunks)
+        .map(|(s, chunk)| match s.phase() {
+            SequencePhase::Prefill => SeqForward {
+                tokens: &s.tokens[..s.prompt_len],
+                start_pos: 0,
+                block_table: s.blocks.blocks(),
+                logits: LogitsFor::Last,
+            },
+            SequencePhase::Recompute | SequencePhase::Verify => SeqForward {
+                tokens: chunk,
+                start_pos: s.len() - 1,
+                block_table: s.blocks.blocks(),
+                logits: LogitsFor::All,
+            },
+        })
+        .collect()
 }
 
 /// The proposer `cfg` asks for.

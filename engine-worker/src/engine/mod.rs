@@ -8,7 +8,7 @@ mod retained;
 mod rows;
 mod stop;
 
-pub use config::{validate_request, EngineConfig, ProposerKind};
+pub use config::{EngineConfig, ProposerKind};
 pub use driver::Engine;
 pub use retained::{RetainBounds, Retained};
 pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};

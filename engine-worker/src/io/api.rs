@@ -14,27 +14,25 @@ use bytes::Bytes;
 use link::auth::{Gate, Verdict};
 use link::liveness::Heard;
 use link::{Liveness, Sweep, Sweeper};
-use proto::api_worker::{ApiToWorker, RejectReason, WorkerToApi};
+use proto::api_worker::{AddRequest, ApiHello, ApiToWorker, RejectReason, WorkerToApi};
+use proto::RequestId;
 use tokio::sync::mpsc::Receiver;
 use zeromq::{RouterSendHalf, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::{ApiOutbound, EngineCommand, WorkerStatus};
-use crate::engine::validate_request;
 
 /// Most api-servers remembered at once; hellos beyond it are ignored.
 const MAX_API_SERVERS: usize = 256;
 
+/// What the link needs to admit requests, known once the model is loaded. The link only
+/// admits (accepting, not overloaded); whether a request is valid the engine decides
+/// (`Engine::add_request`), and its refusal goes back like any other.
 #[derive(Debug, Clone)]
-pub struct ApiLinkConfig {
-    pub heartbeat_interval: Duration,
-    /// Limits the link checks before queueing a request (the engine checks again).
-    pub max_model_len: usize,
-    pub vocab_size: usize,
-    pub has_token_bytes: bool,
+pub struct ApiAdmission {
     pub max_waiting: usize,
 }
 
-/// How the link itself behaves (known at start, unlike [`ApiLinkConfig`]).
+/// How the link itself behaves (known at start, unlike [`ApiAdmission`]).
 pub struct ApiLinkSettings {
     pub heartbeat_interval: Duration,
     /// What a connection must prove before its frames are read (`link::auth`).
@@ -67,17 +65,13 @@ pub async fn run_api_link(
     status: Arc<WorkerStatus>,
     commands: SyncSender<EngineCommand>,
     mut from_engine: Receiver<ApiOutbound>,
-    limits: tokio::sync::watch::Receiver<Option<ApiLinkConfig>>,
+    admission: tokio::sync::watch::Receiver<Option<ApiAdmission>>,
     link: ApiLinkSettings,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let ApiLinkSettings {
-        heartbeat_interval,
-        mut gate,
-    } = link;
     // Receiving runs in a task of its own that is never cancelled; frames reach this loop
     // through a bounded channel (when it is full, the socket stops reading: backpressure).
-    let (mut socket, mut recv_half) = socket.split();
+    let (socket, mut recv_half) = socket.split();
     let (frames_tx, mut frames_rx) = tokio::sync::mpsc::channel::<ZmqMessage>(1024);
     let receiver = tokio::spawn(async move {
         while let Ok(msg) = recv_half.recv().await {
@@ -86,13 +80,19 @@ pub async fn run_api_link(
             }
         }
     });
-    let mut peers: HashMap<String, ApiPeer> = HashMap::new();
-    let liveness = Liveness::new(heartbeat_interval);
+    let liveness = Liveness::new(link.heartbeat_interval);
+    let mut api = ApiLink {
+        socket,
+        peers: HashMap::new(),
+        liveness,
+        status,
+        commands,
+        gate: link.gate,
+        announced_ready: false,
+    };
     let mut sweeper = Sweeper::new(liveness);
-    let mut heartbeat = tokio::time::interval(heartbeat_interval);
+    let mut heartbeat = tokio::time::interval(link.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // api-servers that connected while the model loaded hold a not-ready hello: say it again.
-    let mut announced_ready = false;
     loop {
         tokio::select! {
             msg = frames_rx.recv() => {
@@ -100,70 +100,21 @@ pub async fn run_api_link(
                     tracing::error!("api socket closed");
                     return;
                 };
-                let mut frames = msg.into_vec();
-                if frames.len() != 2 {
-                    tracing::warn!(parts = frames.len(), "api message with unexpected framing dropped");
-                    continue;
-                }
-                let payload = frames.pop().expect("two frames");
-                let routing_id = frames.pop().expect("two frames");
-                match gate.check(&routing_id, &payload) {
-                    Verdict::Pass => {}
-                    Verdict::Reply(frame) => {
-                        send_frame(&mut socket, routing_id, frame).await;
-                        continue;
-                    }
-                    Verdict::Drop => continue,
-                }
-                match proto::decode::<ApiToWorker>(&payload) {
-                    Ok(msg) => {
-                        let limits = limits.borrow().clone();
-                        handle(&mut socket, &mut peers, liveness, &status, &commands, limits.as_ref(), routing_id, msg).await;
-                    }
-                    Err(err) => tracing::warn!(error = %err, "undecodable api message dropped"),
-                }
+                let admission = admission.borrow().clone();
+                api.on_message(msg, admission.as_ref()).await;
             }
             out = from_engine.recv() => {
                 let Some(out) = out else { continue };
-                if let Some(peer) = peers.get(&out.owner) {
-                    send(&mut socket, peer.routing_id.clone(), &out.msg).await;
+                if let Some(peer) = api.peers.get(&out.owner) {
+                    send(&mut api.socket, peer.routing_id.clone(), &out.msg).await;
                 }
             }
-            _ = heartbeat.tick() => {
-                let now = Instant::now();
-                let dead: Vec<String> = match sweeper.begin(now) {
-                    Sweep::Judge => peers
-                        .iter()
-                        .filter(|(_, p)| liveness.is_silent(p.last_seen, now))
-                        .map(|(id, _)| id.clone())
-                        .collect(),
-                    Sweep::Forgive { .. } => {
-                        peers.values_mut().for_each(|p| p.last_seen = now);
-                        Vec::new()
-                    }
-                };
-                for id in dead {
-                    peers.remove(&id);
-                    tracing::warn!(api_server = %id, "api-server missed its heartbeats; aborting its requests");
-                    push_command(&commands, EngineCommand::AbortOwner(id)).await;
-                }
-                let beat = if !announced_ready && status.is_ready() {
-                    announced_ready = true;
-                    WorkerToApi::Hello(status.hello())
-                } else {
-                    WorkerToApi::Heartbeat(status.heartbeat())
-                };
-                for peer in peers.values() {
-                    send(&mut socket, peer.routing_id.clone(), &beat).await;
-                }
-            }
+            _ = heartbeat.tick() => api.on_tick(&mut sweeper).await,
             _ = shutdown.changed() => {
                 if *shutdown.borrow() {
                     // A last heartbeat tells the api-servers we no longer accept.
-                    let beat = WorkerToApi::Heartbeat(status.heartbeat());
-                    for peer in peers.values() {
-                        send(&mut socket, peer.routing_id.clone(), &beat).await;
-                    }
+                    let beat = WorkerToApi::Heartbeat(api.status.heartbeat());
+                    api.send_all(&beat).await;
                     receiver.abort();
                     return;
                 }
@@ -172,114 +123,205 @@ pub async fn run_api_link(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn handle(
-    socket: &mut RouterSendHalf,
-    peers: &mut HashMap<String, ApiPeer>,
+/// The link's state: the socket's sending half, the api-servers it knows, and where their
+/// commands go.
+struct ApiLink {
+    socket: RouterSendHalf,
+    peers: HashMap<String, ApiPeer>,
     liveness: Liveness,
-    status: &WorkerStatus,
-    commands: &SyncSender<EngineCommand>,
-    limits: Option<&ApiLinkConfig>,
-    routing_id: Bytes,
-    msg: ApiToWorker,
-) {
-    match msg {
-        ApiToWorker::Hello(hello) => {
-            if let Err(err) = proto::check_version(&hello.api_server_id, hello.protocol_version) {
-                tracing::warn!(error = %err, "api-server hello refused");
-                return;
-            }
-            if let Some(old) = peers.get(&hello.api_server_id) {
-                if old.epoch != hello.epoch && !liveness.is_silent(old.last_seen, Instant::now()) {
-                    // Another process with a live api-server's id would take its outputs.
-                    tracing::error!(api_server = %hello.api_server_id, "hello refused: another live api-server holds this id");
-                    let reason = format!(
-                        "api-server id {} is held by another live api-server; give each api-server its own --api-server-id",
-                        hello.api_server_id
-                    );
-                    send(socket, routing_id, &WorkerToApi::Refused { reason }).await;
-                    return;
-                }
-                if old.epoch != hello.epoch {
-                    // Restarted: its old requests have no one to report to.
-                    push_command(
-                        commands,
-                        EngineCommand::AbortOwner(hello.api_server_id.clone()),
-                    )
-                    .await;
-                }
-            } else if peers.len() >= MAX_API_SERVERS {
-                tracing::warn!("too many api-servers; hello ignored");
-                return;
-            }
-            tracing::info!(api_server = %hello.api_server_id, "api-server said hello");
-            peers.insert(
-                hello.api_server_id,
-                ApiPeer {
-                    routing_id: routing_id.clone(),
-                    epoch: hello.epoch,
-                    last_seen: Instant::now(),
-                },
+    status: Arc<WorkerStatus>,
+    commands: SyncSender<EngineCommand>,
+    gate: Gate,
+    /// api-servers that connected while the model loaded hold a not-ready hello: it is said
+    /// again once ready.
+    announced_ready: bool,
+}
+
+impl ApiLink {
+    /// One message from a connection: through the gate, decoded, handled.
+    async fn on_message(&mut self, msg: ZmqMessage, admission: Option<&ApiAdmission>) {
+        let mut frames = msg.into_vec();
+        if frames.len() != 2 {
+            tracing::warn!(
+                parts = frames.len(),
+                "api message with unexpected framing dropped"
             );
-            send(socket, routing_id, &WorkerToApi::Hello(status.hello())).await;
+            return;
         }
-        ApiToWorker::Heartbeat {
-            api_server_id,
-            epoch,
-        } => {
-            let peer = peers.get_mut(&api_server_id).filter(|p| p.epoch == epoch);
-            match (Heard::of(peer.is_some()), peer) {
-                (Heard::Known, Some(peer)) => {
-                    peer.last_seen = Instant::now();
-                    peer.routing_id = routing_id;
-                }
-                _ => {
-                    // Unknown, forgotten, or another epoch (we or it restarted): its hello
-                    // tells us who it is and whose requests are gone.
-                    tracing::info!(api_server = %api_server_id, "heartbeat from an api-server we do not know; asking for its hello");
-                    send(socket, routing_id, &WorkerToApi::AskHello).await;
-                }
+        let payload = frames.pop().expect("two frames");
+        let routing_id = frames.pop().expect("two frames");
+        match self.gate.check(&routing_id, &payload) {
+            Verdict::Pass => {}
+            Verdict::Reply(frame) => return send_frame(&mut self.socket, routing_id, frame).await,
+            Verdict::Drop => return,
+        }
+        match proto::decode::<ApiToWorker>(&payload) {
+            Ok(msg) => self.handle(admission, routing_id, msg).await,
+            Err(err) => tracing::warn!(error = %err, "undecodable api message dropped"),
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        admission: Option<&ApiAdmission>,
+        routing_id: Bytes,
+        msg: ApiToWorker,
+    ) {
+        match msg {
+            ApiToWorker::Hello(hello) => self.on_hello(routing_id, hello).await,
+            ApiToWorker::Heartbeat {
+                api_server_id,
+                epoch,
+            } => self.on_heartbeat(routing_id, api_server_id, epoch).await,
+            ApiToWorker::Add(req) => self.on_add(routing_id, req, admission).await,
+            ApiToWorker::Abort(abort) => {
+                push_command(&self.commands, EngineCommand::Abort(abort.id)).await;
+            }
+            ApiToWorker::Probe { ids } => self.on_probe(routing_id, ids).await,
+            ApiToWorker::Delivered { mut ids } => {
+                ids.truncate(proto::api_worker::MAX_PROBE_IDS);
+                // Best effort: a lost acknowledgement only keeps the request until the age bound.
+                let _ = self.commands.try_send(EngineCommand::Delivered(ids));
             }
         }
-        ApiToWorker::Add(req) => {
-            let id = req.id;
-            let reject = |reason| WorkerToApi::Rejected { id, reason };
-            let verdict = match limits {
-                _ if !status.accepting() => Err(RejectReason::NotAccepting),
-                None => Err(RejectReason::NotAccepting),
-                Some(l) if status.waiting() >= l.max_waiting => Err(RejectReason::Overloaded),
-                Some(l) => validate_request(&req, l.max_model_len, l.vocab_size, l.has_token_bytes),
-            };
-            if let Err(reason) = verdict {
-                send(socket, routing_id, &reject(reason)).await;
+    }
+
+    async fn on_hello(&mut self, routing_id: Bytes, hello: ApiHello) {
+        if let Err(err) = proto::check_version(&hello.api_server_id, hello.protocol_version) {
+            tracing::warn!(error = %err, "api-server hello refused");
+            return;
+        }
+        if let Some(old) = self.peers.get(&hello.api_server_id) {
+            let now = Instant::now();
+            if old.epoch != hello.epoch && !self.liveness.is_silent(old.last_seen, now) {
+                // Another process with a live api-server's id would take its outputs.
+                tracing::error!(api_server = %hello.api_server_id, "hello refused: another live api-server holds this id");
+                let reason = format!(
+                    "api-server id {} is held by another live api-server; give each api-server its own --api-server-id",
+                    hello.api_server_id
+                );
+                send(
+                    &mut self.socket,
+                    routing_id,
+                    &WorkerToApi::Refused { reason },
+                )
+                .await;
                 return;
             }
-            if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-                commands.try_send(EngineCommand::Add(req))
-            {
-                send(socket, routing_id, &reject(RejectReason::Overloaded)).await;
+            if old.epoch != hello.epoch {
+                // Restarted: its old requests have no one to report to.
+                let abort = EngineCommand::AbortOwner(hello.api_server_id.clone());
+                push_command(&self.commands, abort).await;
+            }
+        } else if self.peers.len() >= MAX_API_SERVERS {
+            tracing::warn!("too many api-servers; hello ignored");
+            return;
+        }
+        tracing::info!(api_server = %hello.api_server_id, "api-server said hello");
+        self.peers.insert(
+            hello.api_server_id,
+            ApiPeer {
+                routing_id: routing_id.clone(),
+                epoch: hello.epoch,
+                last_seen: Instant::now(),
+            },
+        );
+        let reply = WorkerToApi::Hello(self.status.hello());
+        send(&mut self.socket, routing_id, &reply).await;
+    }
+
+    async fn on_heartbeat(&mut self, routing_id: Bytes, api_server_id: String, epoch: u64) {
+        let peer = self
+            .peers
+            .get_mut(&api_server_id)
+            .filter(|p| p.epoch == epoch);
+        match (Heard::of(peer.is_some()), peer) {
+            (Heard::Known, Some(peer)) => {
+                peer.last_seen = Instant::now();
+                peer.routing_id = routing_id;
+            }
+            _ => {
+                // Unknown, forgotten, or another epoch (we or it restarted): its hello tells us
+                // who it is and whose requests are gone.
+                tracing::info!(api_server = %api_server_id, "heartbeat from an api-server we do not know; asking for its hello");
+                send(&mut self.socket, routing_id, &WorkerToApi::AskHello).await;
             }
         }
-        ApiToWorker::Abort(abort) => {
-            push_command(commands, EngineCommand::Abort(abort.id)).await;
+    }
+
+    /// Admits a request to the engine's queue, or refuses it at once when the worker does not
+    /// accept or is overloaded.
+    async fn on_add(
+        &mut self,
+        routing_id: Bytes,
+        req: AddRequest,
+        admission: Option<&ApiAdmission>,
+    ) {
+        let id = req.id;
+        let refusal = match admission {
+            _ if !self.status.accepting() => Some(RejectReason::NotAccepting),
+            None => Some(RejectReason::NotAccepting),
+            Some(a) if self.status.waiting() >= a.max_waiting => Some(RejectReason::Overloaded),
+            Some(_) => match self.commands.try_send(EngineCommand::Add(req)) {
+                Ok(()) => None,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    Some(RejectReason::Overloaded)
+                }
+            },
+        };
+        if let Some(reason) = refusal {
+            let reject = WorkerToApi::Rejected { id, reason };
+            send(&mut self.socket, routing_id, &reject).await;
         }
-        ApiToWorker::Probe { mut ids } => {
-            let Some(owner) = peers
+    }
+
+    async fn on_probe(&mut self, routing_id: Bytes, mut ids: Vec<RequestId>) {
+        let Some(owner) = self
+            .peers
+            .iter()
+            .find(|(_, p)| p.routing_id == routing_id)
+            .map(|(name, _)| name.clone())
+        else {
+            send(&mut self.socket, routing_id, &WorkerToApi::AskHello).await;
+            return;
+        };
+        ids.truncate(proto::api_worker::MAX_PROBE_IDS);
+        // Best effort: a probe lost to a full queue is asked again.
+        let _ = self.commands.try_send(EngineCommand::Probe { owner, ids });
+    }
+
+    /// Drops the api-servers silent past the window (aborting their requests), then beats.
+    async fn on_tick(&mut self, sweeper: &mut Sweeper) {
+        let now = Instant::now();
+        let dead: Vec<String> = match sweeper.begin(now) {
+            Sweep::Judge => self
+                .peers
                 .iter()
-                .find(|(_, p)| p.routing_id == routing_id)
-                .map(|(name, _)| name.clone())
-            else {
-                send(socket, routing_id, &WorkerToApi::AskHello).await;
-                return;
-            };
-            ids.truncate(proto::api_worker::MAX_PROBE_IDS);
-            // Best effort: a probe lost to a full queue is asked again.
-            let _ = commands.try_send(EngineCommand::Probe { owner, ids });
+                .filter(|(_, p)| self.liveness.is_silent(p.last_seen, now))
+                .map(|(id, _)| id.clone())
+                .collect(),
+            Sweep::Forgive { .. } => {
+                self.peers.values_mut().for_each(|p| p.last_seen = now);
+                Vec::new()
+            }
+        };
+        for id in dead {
+            self.peers.remove(&id);
+            tracing::warn!(api_server = %id, "api-server missed its heartbeats; aborting its requests");
+            push_command(&self.commands, EngineCommand::AbortOwner(id)).await;
         }
-        ApiToWorker::Delivered { mut ids } => {
-            ids.truncate(proto::api_worker::MAX_PROBE_IDS);
-            // Best effort: a lost acknowledgement only keeps the request until the age bound.
-            let _ = commands.try_send(EngineCommand::Delivered(ids));
+        let beat = if !self.announced_ready && self.status.is_ready() {
+            self.announced_ready = true;
+            WorkerToApi::Hello(self.status.hello())
+        } else {
+            WorkerToApi::Heartbeat(self.status.heartbeat())
+        };
+        self.send_all(&beat).await;
+    }
+
+    async fn send_all(&mut self, msg: &WorkerToApi) {
+        for peer in self.peers.values() {
+            send(&mut self.socket, peer.routing_id.clone(), msg).await;
         }
     }
 }

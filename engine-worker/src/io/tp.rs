@@ -10,6 +10,7 @@
 //! `AskHello` (it forgot us: declared us dead while we were paused, or restarted) gets a hello
 //! and a resync, at most one per heartbeat interval.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -149,99 +150,160 @@ async fn serve_connection(
     if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
         return LinkEnd::Broken("hello not sent");
     }
-    let mut last_hello = Instant::now();
-    let mut awaiting_resync = true;
-    // Heartbeats carry the next seq actually sent on this socket: the step loop's counter also
-    // covers batches still queued in `rx`, which would make the TP see a gap that is not one.
-    let mut sent_next_seq: Option<u64> = None;
     let liveness = Liveness::new(cfg.heartbeat_interval);
-    // The connect counts as the token-processor's hello: it has one window to acknowledge.
-    let mut tp = PeerClock::default();
-    tp.hello(last_hello);
+    let mut conn = Connection::new(cfg, status, socket, liveness);
     let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            msg = rx.recv() => {
-                let Some(msg) = msg else { return LinkEnd::Finished };
-                let wire = match msg {
-                    TpOutbound::Step(batch) => {
-                        if awaiting_resync {
-                            continue;
-                        }
-                        sent_next_seq = Some(batch.seq + 1);
-                        WorkerToTp::Step(batch)
-                    }
-                    TpOutbound::Resync(resync) => {
-                        // A resync always follows a hello, also one after a local overflow.
-                        if !awaiting_resync
-                            && !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await
-                        {
-                            return LinkEnd::Broken("hello not sent");
-                        }
-                        awaiting_resync = false;
-                        sent_next_seq = Some(resync.next_seq);
-                        WorkerToTp::Resync(resync)
-                    }
-                    TpOutbound::Goodbye => {
-                        let bye = WorkerToTp::Goodbye {
-                            worker_id: status.worker_id.clone(),
-                            epoch: status.epoch,
-                        };
-                        send(socket, &bye, cfg.send_timeout).await;
-                        return LinkEnd::Finished;
-                    }
-                };
-                if !send(socket, &wire, cfg.send_timeout).await {
-                    return LinkEnd::Broken("send timed out");
-                }
-            }
-            _ = heartbeat.tick() => {
-                let now = Instant::now();
-                match sweeper.begin(now) {
-                    Sweep::Judge => {
-                        if tp.expire(liveness, now) {
-                            return LinkEnd::Broken("no acknowledgement within the liveness window");
-                        }
-                    }
-                    Sweep::Forgive { .. } => tp.forgive(now),
-                }
-                // Until the resync is on the wire this socket has carried no batch: a heartbeat
-                // would announce the step loop's counter to a token-processor that still expects
-                // the old connection's next batch, and it would fail every request for a gap the
-                // resync is about to fill.
-                if awaiting_resync {
-                    continue;
-                }
-                let mut beat = status.heartbeat();
-                beat.next_seq = sent_next_seq.unwrap_or(beat.next_seq);
-                if !send(socket, &WorkerToTp::Heartbeat(beat), cfg.send_timeout).await {
-                    return LinkEnd::Broken("send timed out");
-                }
-            }
-            msg = recv.recv() => {
-                let Ok(msg) = msg else { return LinkEnd::Broken("receive failed") };
-                let now = Instant::now();
-                let mut say_hello = false;
-                for frame in msg.iter() {
-                    say_hello |= matches!(on_tp_message(frame, status, &mut tp, now), TpAsks::Hello);
-                }
-                if say_hello && now.duration_since(last_hello) >= cfg.heartbeat_interval {
-                    tracing::info!("the token-processor does not know us; hello and resync");
-                    last_hello = now;
-                    status.request_resync();
-                    awaiting_resync = true;
-                    if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
-                        return LinkEnd::Broken("hello not sent");
-                    }
-                }
-            }
+        let flow = tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(msg) => conn.on_outbound(msg).await,
+                None => ControlFlow::Break(LinkEnd::Finished),
+            },
+            _ = heartbeat.tick() => conn.on_tick(&mut sweeper).await,
+            msg = recv.recv() => match msg {
+                Ok(msg) => conn.on_frames(&msg).await,
+                Err(_) => ControlFlow::Break(LinkEnd::Broken("receive failed")),
+            },
             event = monitor.next() => {
                 if matches!(event, Some(SocketEvent::Disconnected(_)) | None) {
-                    return LinkEnd::Broken("disconnected");
+                    ControlFlow::Break(LinkEnd::Broken("disconnected"))
+                } else {
+                    ControlFlow::Continue(())
                 }
             }
+        };
+        if let ControlFlow::Break(end) = flow {
+            return end;
         }
+    }
+}
+
+/// One connection's state; each event handler breaks with how the connection ended.
+struct Connection<'a> {
+    cfg: &'a TpLinkConfig,
+    status: &'a WorkerStatus,
+    socket: &'a mut DealerSendHalf,
+    liveness: Liveness,
+    last_hello: Instant,
+    /// Batches queued before the resync are stale: dropped until it is sent.
+    awaiting_resync: bool,
+    /// Heartbeats carry the next seq actually sent on this socket: the step loop's counter also
+    /// covers batches still queued in `rx`, which would make the TP see a gap that is not one.
+    sent_next_seq: Option<u64>,
+    tp: PeerClock,
+}
+
+impl<'a> Connection<'a> {
+    /// Just after our hello.
+    fn new(
+        cfg: &'a TpLinkConfig,
+        status: &'a WorkerStatus,
+        socket: &'a mut DealerSendHalf,
+        liveness: Liveness,
+    ) -> Self {
+        let last_hello = Instant::now();
+        // The connect counts as the token-processor's hello: it has one window to acknowledge.
+        let mut tp = PeerClock::default();
+        tp.hello(last_hello);
+        Self {
+            cfg,
+            status,
+            socket,
+            liveness,
+            last_hello,
+            awaiting_resync: true,
+            sent_next_seq: None,
+            tp,
+        }
+    }
+
+    async fn send_or_break(&mut self, msg: &WorkerToTp, why: &'static str) -> ControlFlow<LinkEnd> {
+        if send(&mut *self.socket, msg, self.cfg.send_timeout).await {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(LinkEnd::Broken(why))
+        }
+    }
+
+    /// A message from the step loop.
+    async fn on_outbound(&mut self, msg: TpOutbound) -> ControlFlow<LinkEnd> {
+        let wire = match msg {
+            TpOutbound::Step(batch) => {
+                if self.awaiting_resync {
+                    return ControlFlow::Continue(());
+                }
+                self.sent_next_seq = Some(batch.seq + 1);
+                WorkerToTp::Step(batch)
+            }
+            TpOutbound::Resync(resync) => {
+                // A resync always follows a hello, also one after a local overflow.
+                if !self.awaiting_resync {
+                    let hello = WorkerToTp::Hello(self.status.hello());
+                    self.send_or_break(&hello, "hello not sent").await?;
+                }
+                self.awaiting_resync = false;
+                self.sent_next_seq = Some(resync.next_seq);
+                WorkerToTp::Resync(resync)
+            }
+            TpOutbound::Goodbye => {
+                let bye = WorkerToTp::Goodbye {
+                    worker_id: self.status.worker_id.clone(),
+                    epoch: self.status.epoch,
+                };
+                send(&mut *self.socket, &bye, self.cfg.send_timeout).await;
+                return ControlFlow::Break(LinkEnd::Finished);
+            }
+        };
+        self.send_or_break(&wire, "send timed out").await
+    }
+
+    /// Judges the token-processor's liveness, then beats.
+    async fn on_tick(&mut self, sweeper: &mut Sweeper) -> ControlFlow<LinkEnd> {
+        let now = Instant::now();
+        match sweeper.begin(now) {
+            Sweep::Judge => {
+                if self.tp.expire(self.liveness, now) {
+                    return ControlFlow::Break(LinkEnd::Broken(
+                        "no acknowledgement within the liveness window",
+                    ));
+                }
+            }
+            Sweep::Forgive { .. } => self.tp.forgive(now),
+        }
+        // Until the resync is on the wire this socket has carried no batch: a heartbeat would
+        // announce the step loop's counter to a token-processor that still expects the old
+        // connection's next batch, and it would fail every request for a gap the resync is
+        // about to fill.
+        if self.awaiting_resync {
+            return ControlFlow::Continue(());
+        }
+        let mut beat = self.status.heartbeat();
+        beat.next_seq = self.sent_next_seq.unwrap_or(beat.next_seq);
+        self.send_or_break(&WorkerToTp::Heartbeat(beat), "send timed out")
+            .await
+    }
+
+    /// Messages from the token-processor; one that forgot us gets a hello and a resync, at most
+    /// one per heartbeat interval.
+    async fn on_frames(&mut self, msg: &ZmqMessage) -> ControlFlow<LinkEnd> {
+        let now = Instant::now();
+        let mut say_hello = false;
+        for frame in msg.iter() {
+            say_hello |= matches!(
+                on_tp_message(frame, self.status, &mut self.tp, now),
+                TpAsks::Hello
+            );
+        }
+        if say_hello && now.duration_since(self.last_hello) >= self.cfg.heartbeat_interval {
+            tracing::info!("the token-processor does not know us; hello and resync");
+            self.last_hello = now;
+            self.status.request_resync();
+            self.awaiting_resync = true;
+            let hello = WorkerToTp::Hello(self.status.hello());
+            self.send_or_break(&hello, "hello not sent").await?;
+        }
+        ControlFlow::Continue(())
     }
 }

@@ -60,10 +60,6 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig, EngineE
     };
     let key = |k: &str| format!("{arch}.{k}");
     let usize_key = |k: &str| m.get_usize(&key(k)).map_err(&err);
-    let unsupported = |reason: String| EngineError::UnsupportedModel {
-        path: path.display().to_string(),
-        reason,
-    };
 
     let hidden_size = usize_key("embedding_length")?;
     let num_heads = usize_key("attention.head_count")?;
@@ -77,49 +73,14 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig, EngineE
         .optional()
         .map_err(&err)?
         .unwrap_or(hidden_size / num_heads.max(1));
-    if let Some(rot) = m
-        .get_usize(&key("rope.dimension_count"))
-        .optional()
-        .map_err(&err)?
-    {
-        if rot != head_dim {
-            return Err(unsupported(format!(
-                "partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim})"
-            )));
-        }
-    }
-    if let Some(scaling) = m
-        .get_str(&key("rope.scaling.type"))
-        .optional()
-        .map_err(&err)?
-    {
-        if scaling != "none" {
-            return Err(unsupported(format!("RoPE scaling {scaling:?}")));
-        }
-    }
-    if file.tensor("rope_freqs.weight").is_some() {
-        return Err(unsupported(
-            "RoPE frequency factors (rope_freqs.weight)".into(),
-        ));
-    }
+    check_rope(file, arch, head_dim, path)?;
 
     // The embedding's row count is the logits' width; the token list only names them.
     let vocab_size = match file.tensor("token_embd.weight") {
         Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
         _ => m.get_array("tokenizer.ggml.tokens").map_err(&err)?.len(),
     };
-    let mut eos_token_ids = Vec::new();
-    for k in [
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.eot_token_id",
-        "tokenizer.ggml.eom_token_id",
-    ] {
-        if let Some(id) = m.get_u32(k).optional().map_err(&err)? {
-            if !eos_token_ids.contains(&id) {
-                eos_token_ids.push(id);
-            }
-        }
-    }
+    let eos_token_ids = eos_token_ids(m).map_err(&err)?;
     let config = ModelConfig {
         name: vocab::served_model_name(path),
         vocab_size,
@@ -149,6 +110,67 @@ fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig, EngineE
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Refuses the RoPE variants the backends do not implement: partial rotary embeddings, scaling
+/// and frequency factors.
+fn check_rope(
+    file: &GgufFile,
+    arch: &str,
+    head_dim: usize,
+    path: &Path,
+) -> Result<(), EngineError> {
+    let m = file.metadata();
+    let err = meta_err(path);
+    let key = |k: &str| format!("{arch}.{k}");
+    let unsupported = |reason: String| EngineError::UnsupportedModel {
+        path: path.display().to_string(),
+        reason,
+    };
+    if let Some(rot) = m
+        .get_usize(&key("rope.dimension_count"))
+        .optional()
+        .map_err(&err)?
+    {
+        if rot != head_dim {
+            return Err(unsupported(format!(
+                "partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim})"
+            )));
+        }
+    }
+    if let Some(scaling) = m
+        .get_str(&key("rope.scaling.type"))
+        .optional()
+        .map_err(&err)?
+    {
+        if scaling != "none" {
+            return Err(unsupported(format!("RoPE scaling {scaling:?}")));
+        }
+    }
+    if file.tensor("rope_freqs.weight").is_some() {
+        return Err(unsupported(
+            "RoPE frequency factors (rope_freqs.weight)".into(),
+        ));
+    }
+
+    Ok(())
+}
+
+/// The end-of-sequence, end-of-turn and end-of-message ids, each once.
+fn eos_token_ids(m: &Metadata) -> Result<Vec<u32>, gguf::GgufError> {
+    let mut eos_token_ids = Vec::new();
+    for k in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = m.get_u32(k).optional()? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+    Ok(eos_token_ids)
 }
 
 fn tokenizer_from_gguf(m: &Metadata) -> Result<Option<TokenizerData>, gguf::GgufError> {

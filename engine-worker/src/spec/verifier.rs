@@ -15,6 +15,8 @@ use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 /// The verifier's decision for one sequence and step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
+    /// Drafts verified.
+    pub drafted: usize,
     /// Drafts accepted (the longest valid prefix).
     pub accepted: usize,
     /// The accepted drafts followed by the target's own token: `accepted + 1` tokens.
@@ -23,7 +25,8 @@ pub struct Verdict {
 
 /// Verifies `drafts` given `logits`: `drafts.len() + 1` rows of `vocab` logits, row `i` being the
 /// target's prediction after the sequence extended by `drafts[..i]`. `first_position` is the
-/// output index the first new token gets (it keys the request's RNG stream).
+/// output index the first new token gets (it keys the request's RNG stream). Without drafts
+/// that is the plain choice of one token from one row (prefill, decode).
 pub fn verify(
     logits: &[f32],
     vocab: usize,
@@ -41,6 +44,7 @@ pub fn verify(
             tokens.push(target);
             if target != draft {
                 return Verdict {
+                    drafted: drafts.len(),
                     accepted: i,
                     tokens,
                 };
@@ -48,6 +52,7 @@ pub fn verify(
         }
         tokens.push(argmax(row(drafts.len())));
         return Verdict {
+            drafted: drafts.len(),
             accepted: drafts.len(),
             tokens,
         };
@@ -60,6 +65,7 @@ pub fn verify(
         } else {
             tokens.push(dist.sample_excluding(Some(draft), &mut rng));
             return Verdict {
+                drafted: drafts.len(),
                 accepted: i,
                 tokens,
             };
@@ -69,6 +75,7 @@ pub fn verify(
     let mut rng = position_rng(seed, first_position + drafts.len());
     tokens.push(dist.sample(&mut rng));
     Verdict {
+        drafted: drafts.len(),
         accepted: drafts.len(),
         tokens,
     }
@@ -95,6 +102,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
+                drafted: 3,
                 accepted: 2,
                 tokens: vec![3, 1, 4]
             }
@@ -103,6 +111,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
+                drafted: 3,
                 accepted: 3,
                 tokens: vec![3, 1, 4, 1]
             }
@@ -111,6 +120,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
+                drafted: 0,
                 accepted: 0,
                 tokens: vec![3]
             }
@@ -130,6 +140,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
+                drafted: 1,
                 accepted: 1,
                 tokens: vec![3, 1]
             }
@@ -138,9 +149,29 @@ mod tests {
         assert_eq!(
             v,
             Verdict {
+                drafted: 1,
                 accepted: 0,
                 tokens: vec![3]
             }
         );
+    }
+
+    #[test]
+    fn without_drafts_it_is_the_plain_choice_of_one_token() {
+        use crate::sampling::{position_rng, Distribution};
+        let row = [0.5f32, 2.0, 1.0, 1.9];
+        let greedy = verify(&row, 4, &[], &GREEDY, 0, 0);
+        assert_eq!(greedy.tokens, vec![argmax(&row)]);
+        let params = SamplingParams {
+            temperature: 1.3,
+            top_p: 0.9,
+            top_k: 0,
+            seed: Some(4),
+        };
+        for position in 0..50 {
+            let plain = Distribution::new(&row, &params).sample(&mut position_rng(4, position));
+            let v = verify(&row, 4, &[], &params, 4, position);
+            assert_eq!((v.drafted, v.accepted, v.tokens), (0, 0, vec![plain]));
+        }
     }
 }

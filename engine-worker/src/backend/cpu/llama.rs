@@ -19,7 +19,7 @@ use super::kv_cache::KvCache;
 use super::matmul::{matmul, Job};
 use super::ops::{add_in_place, rms_norm, silu_mul, RopeTable};
 use crate::backend::{LogitsFor, SeqForward};
-use crate::model::Model;
+use crate::model::{LayerWeights, Model, ModelConfig};
 
 /// Rows per parallel task of the element-wise steps.
 const ROWS_PER_TASK: usize = 8;
@@ -35,160 +35,240 @@ pub(crate) fn forward(
     seqs: &[SeqForward<'_>],
 ) -> Vec<f32> {
     let cfg = &model.config;
-    let w = &model.weights;
-    let (hidden, q_dim, kv_dim, ff) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-    );
-
-    // Flatten the batch: one entry per token.
-    let mut token_ids = Vec::new();
-    let mut slots = Vec::new();
-    let mut logit_rows = Vec::new();
-    for seq in seqs {
-        let first = token_ids.len();
-        for (i, &tok) in seq.tokens.iter().enumerate() {
-            token_ids.push(tok);
-            slots.push(TokenSlot {
-                block_table: seq.block_table,
-                pos: seq.start_pos + i,
-            });
-        }
-        match seq.logits {
-            LogitsFor::Last => logit_rows.push(token_ids.len() - 1),
-            LogitsFor::All => logit_rows.extend(first..token_ids.len()),
-        }
-    }
-    let tokens = token_ids.len();
-    let positions: Vec<usize> = slots.iter().map(|s| s.pos).collect();
+    let batch = FlatBatch::new(seqs);
+    let positions: Vec<usize> = batch.slots.iter().map(|s| s.pos).collect();
     let rope = RopeTable::new(&positions, cfg.head_dim, cfg.rope_theta);
+    let hidden = cfg.hidden_size;
+    let mut x = vec![0f32; batch.tokens() * hidden]; // [tokens, hidden]
+    for (row, &tok) in x.chunks_exact_mut(hidden).zip(&batch.token_ids) {
+        model.weights.embed.dequantize_row(tok as usize, row);
+    }
+    let mut act = Activations::new(batch.tokens(), cfg);
+    let ctx = Pass {
+        cfg,
+        isa,
+        batch: &batch,
+        rope: &rope,
+    };
+    for (l, layer) in model.weights.layers.iter().enumerate() {
+        ctx.attention_block(l, layer, cache, &mut x, &mut act);
+        ctx.mlp_block(layer, &mut x, &mut act);
+    }
+    ctx.lm_head(model, &x)
+}
 
-    let mut x = vec![0f32; tokens * hidden]; // [tokens, hidden]
-    for (row, &tok) in x.chunks_exact_mut(hidden).zip(&token_ids) {
-        w.embed.dequantize_row(tok as usize, row);
+/// The batch flattened: one entry per token.
+struct FlatBatch<'a> {
+    token_ids: Vec<u32>,
+    slots: Vec<TokenSlot<'a>>,
+    /// Tokens whose logits are wanted, in output order.
+    logit_rows: Vec<usize>,
+}
+
+impl<'a> FlatBatch<'a> {
+    fn new(seqs: &[SeqForward<'a>]) -> Self {
+        let mut token_ids = Vec::new();
+        let mut slots = Vec::new();
+        let mut logit_rows = Vec::new();
+        for seq in seqs {
+            let first = token_ids.len();
+            for (i, &tok) in seq.tokens.iter().enumerate() {
+                token_ids.push(tok);
+                slots.push(TokenSlot {
+                    block_table: seq.block_table,
+                    pos: seq.start_pos + i,
+                });
+            }
+            match seq.logits {
+                LogitsFor::Last => logit_rows.push(token_ids.len() - 1),
+                LogitsFor::All => logit_rows.extend(first..token_ids.len()),
+            }
+        }
+        Self {
+            token_ids,
+            slots,
+            logit_rows,
+        }
     }
 
-    let mut normed = vec![0f32; tokens * hidden]; // [tokens, hidden]
-    let mut q = vec![0f32; tokens * q_dim]; // [tokens, heads * head_dim]
-    let mut k = vec![0f32; tokens * kv_dim]; // [tokens, kv_heads * head_dim]
-    let mut v = vec![0f32; tokens * kv_dim]; // [tokens, kv_heads * head_dim]
-    let mut attn = vec![0f32; tokens * q_dim]; // [tokens, heads * head_dim]
-    let mut proj = vec![0f32; tokens * hidden]; // [tokens, hidden]
-    let mut gate = vec![0f32; tokens * ff]; // [tokens, intermediate]
-    let mut up = vec![0f32; tokens * ff]; // [tokens, intermediate]
+    fn tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+}
 
-    for (l, layer) in w.layers.iter().enumerate() {
-        // Attention block.
-        norm_rows(&x, &layer.attn_norm, cfg.rms_norm_eps, &mut normed);
+/// Per-layer scratch buffers, allocated once per forward.
+struct Activations {
+    normed: Vec<f32>, // [tokens, hidden]
+    q: Vec<f32>,      // [tokens, heads * head_dim]
+    k: Vec<f32>,      // [tokens, kv_heads * head_dim]
+    v: Vec<f32>,      // [tokens, kv_heads * head_dim]
+    attn: Vec<f32>,   // [tokens, heads * head_dim]
+    proj: Vec<f32>,   // [tokens, hidden]
+    gate: Vec<f32>,   // [tokens, intermediate]
+    up: Vec<f32>,     // [tokens, intermediate]
+}
+
+impl Activations {
+    fn new(tokens: usize, cfg: &ModelConfig) -> Self {
+        let (hidden, q_dim, kv_dim, ff) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        Self {
+            normed: vec![0f32; tokens * hidden],
+            q: vec![0f32; tokens * q_dim],
+            k: vec![0f32; tokens * kv_dim],
+            v: vec![0f32; tokens * kv_dim],
+            attn: vec![0f32; tokens * q_dim],
+            proj: vec![0f32; tokens * hidden],
+            gate: vec![0f32; tokens * ff],
+            up: vec![0f32; tokens * ff],
+        }
+    }
+}
+
+/// What every block of one forward shares.
+struct Pass<'a> {
+    cfg: &'a ModelConfig,
+    isa: Isa,
+    batch: &'a FlatBatch<'a>,
+    rope: &'a RopeTable,
+}
+
+impl Pass<'_> {
+    /// `x += wo · attention(rope(q), cache ∪ rope(k), v)` of `rmsnorm(x)`; writes the tokens'
+    /// keys and values into the cache.
+    fn attention_block(
+        &self,
+        l: usize,
+        layer: &LayerWeights,
+        cache: &mut KvCache,
+        x: &mut [f32],
+        act: &mut Activations,
+    ) {
+        let (cfg, isa, tokens) = (self.cfg, self.isa, self.batch.tokens());
+        norm_rows(x, &layer.attn_norm, cfg.rms_norm_eps, &mut act.normed);
         matmul(
             isa,
-            &normed,
+            &act.normed,
             tokens,
             &mut [
                 Job {
                     w: &layer.wq,
-                    out: &mut q,
+                    out: &mut act.q,
                 },
                 Job {
                     w: &layer.wk,
-                    out: &mut k,
+                    out: &mut act.k,
                 },
                 Job {
                     w: &layer.wv,
-                    out: &mut v,
+                    out: &mut act.v,
                 },
             ],
         );
         for (buf, bias) in [
-            (&mut q, &layer.bq),
-            (&mut k, &layer.bk),
-            (&mut v, &layer.bv),
+            (&mut act.q, &layer.bq),
+            (&mut act.k, &layer.bk),
+            (&mut act.v, &layer.bv),
         ] {
             if let Some(bias) = bias {
                 buf.chunks_exact_mut(bias.len())
                     .for_each(|row| add_in_place(row, bias));
             }
         }
-        rope.apply(&mut q, cfg.num_heads, cfg.rope_style);
-        rope.apply(&mut k, cfg.num_kv_heads, cfg.rope_style);
-        for (t, slot) in slots.iter().enumerate() {
+        self.rope.apply(&mut act.q, cfg.num_heads, cfg.rope_style);
+        self.rope
+            .apply(&mut act.k, cfg.num_kv_heads, cfg.rope_style);
+        let kv_dim = cfg.kv_dim();
+        for (t, slot) in self.batch.slots.iter().enumerate() {
             let block = slot.block_table[slot.pos / cache.block_size] as usize;
             cache.write(
                 l,
                 block,
                 slot.pos % cache.block_size,
-                &k[t * kv_dim..(t + 1) * kv_dim],
-                &v[t * kv_dim..(t + 1) * kv_dim],
+                &act.k[t * kv_dim..(t + 1) * kv_dim],
+                &act.v[t * kv_dim..(t + 1) * kv_dim],
             );
         }
-        attention(cache, l, &slots, &q, &mut attn, cfg, isa);
+        attention(cache, l, &self.batch.slots, &act.q, &mut act.attn, cfg, isa);
         matmul(
             isa,
-            &attn,
+            &act.attn,
             tokens,
             &mut [Job {
                 w: &layer.wo,
-                out: &mut proj,
+                out: &mut act.proj,
             }],
         );
-        add_in_place(&mut x, &proj);
+        add_in_place(x, &act.proj);
+    }
 
-        // MLP block: down(silu(gate(x)) * up(x)).
-        norm_rows(&x, &layer.ffn_norm, cfg.rms_norm_eps, &mut normed);
+    /// `x += down(silu(gate(x)) * up(x))` of `rmsnorm(x)`.
+    fn mlp_block(&self, layer: &LayerWeights, x: &mut [f32], act: &mut Activations) {
+        let (cfg, isa, tokens) = (self.cfg, self.isa, self.batch.tokens());
+        let ff = cfg.intermediate_size;
+        norm_rows(x, &layer.ffn_norm, cfg.rms_norm_eps, &mut act.normed);
         matmul(
             isa,
-            &normed,
+            &act.normed,
             tokens,
             &mut [
                 Job {
                     w: &layer.w_gate,
-                    out: &mut gate,
+                    out: &mut act.gate,
                 },
                 Job {
                     w: &layer.w_up,
-                    out: &mut up,
+                    out: &mut act.up,
                 },
             ],
         );
         if tokens < PARALLEL_MIN_TOKENS {
-            silu_mul(&mut gate, &up);
+            silu_mul(&mut act.gate, &act.up);
         } else {
-            gate.par_chunks_mut(ff * ROWS_PER_TASK)
-                .zip(up.par_chunks(ff * ROWS_PER_TASK))
+            act.gate
+                .par_chunks_mut(ff * ROWS_PER_TASK)
+                .zip(act.up.par_chunks(ff * ROWS_PER_TASK))
                 .for_each(|(g, u)| silu_mul(g, u));
         }
         matmul(
             isa,
-            &gate,
+            &act.gate,
             tokens,
             &mut [Job {
                 w: &layer.w_down,
-                out: &mut proj,
+                out: &mut act.proj,
             }],
         );
-        add_in_place(&mut x, &proj);
+        add_in_place(x, &act.proj);
     }
 
-    // Final norm and LM head, only on the rows that need logits.
-    let picked: Vec<f32> = logit_rows
-        .iter()
-        .flat_map(|&r| x[r * hidden..(r + 1) * hidden].iter().copied())
-        .collect(); // [logit rows, hidden]
-    let mut picked_normed = vec![0f32; picked.len()];
-    norm_rows(&picked, &w.final_norm, cfg.rms_norm_eps, &mut picked_normed);
-    let mut logits = vec![0f32; logit_rows.len() * cfg.vocab_size]; // [logit rows, vocab]
-    matmul(
-        isa,
-        &picked_normed,
-        logit_rows.len(),
-        &mut [Job {
-            w: &w.lm_head,
-            out: &mut logits,
-        }],
-    );
-    logits
+    /// Final norm and LM head, only on the rows that need logits: `[logit rows, vocab]`.
+    fn lm_head(&self, model: &Model, x: &[f32]) -> Vec<f32> {
+        let (cfg, w) = (self.cfg, &model.weights);
+        let hidden = cfg.hidden_size;
+        let rows = &self.batch.logit_rows;
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r * hidden..(r + 1) * hidden].iter().copied())
+            .collect(); // [logit rows, hidden]
+        let mut picked_normed = vec![0f32; picked.len()];
+        norm_rows(&picked, &w.final_norm, cfg.rms_norm_eps, &mut picked_normed);
+        let mut logits = vec![0f32; rows.len() * cfg.vocab_size]; // [logit rows, vocab]
+        matmul(
+            self.isa,
+            &picked_normed,
+            rows.len(),
+            &mut [Job {
+                w: &w.lm_head,
+                out: &mut logits,
+            }],
+        );
+        logits
+    }
 }
 
 /// RMSNorm of every row, rows spread over the pool.

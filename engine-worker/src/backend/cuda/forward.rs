@@ -20,11 +20,12 @@ use cudarc::driver::{
 };
 
 use super::batch::{prepare, MetaLayout};
-use super::gemm::Shape;
-use super::weights::{alloc, driver_err};
+use super::gemm::{Gemm, Shape};
+use super::module::Kernels;
+use super::weights::{alloc, driver_err, DeviceLayer, DeviceWeights};
 use super::CudaBackend;
 use crate::backend::SeqForward;
-use crate::model::RopeStyle;
+use crate::model::{ModelConfig, RopeStyle};
 use crate::EngineError;
 
 /// Warps per attention block; must match ATTN_WARPS in kernels/attention.cu.
@@ -65,6 +66,26 @@ impl Workspace {
     }
 }
 
+impl Workspace {
+    /// Makes every buffer big enough for a batch of `d` and `meta_len` metadata words.
+    fn grow(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        d: &Dims,
+        meta_len: usize,
+    ) -> Result<(), EngineError> {
+        let (t, r, h) = (d.tokens, d.rows, d.hidden);
+        ensure(stream, &mut self.meta, meta_len)?;
+        ensure(stream, &mut self.x, t * h)?;
+        ensure(stream, &mut self.xn, t.max(r) * h)?;
+        ensure(stream, &mut self.qkv, t * d.qkv_dim)?;
+        ensure(stream, &mut self.attn, t * d.q_dim)?;
+        ensure(stream, &mut self.gate_up, t * 2 * d.ff)?;
+        ensure(stream, &mut self.act, t * d.ff)?;
+        ensure(stream, &mut self.logits, r * d.vocab)
+    }
+}
+
 fn ensure<T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     buf: &mut CudaSlice<T>,
@@ -85,6 +106,46 @@ fn rows_cfg(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// Sizes one forward's launches share.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    /// Tokens and logit rows of the batch.
+    tokens: usize,
+    rows: usize,
+    hidden: usize,
+    q_dim: usize,
+    kv_dim: usize,
+    qkv_dim: usize,
+    ff: usize,
+    vocab: usize,
+}
+
+impl Dims {
+    fn new(c: &ModelConfig, l: &MetaLayout) -> Self {
+        Self {
+            tokens: l.tokens,
+            rows: l.rows,
+            hidden: c.hidden_size,
+            q_dim: c.q_dim(),
+            kv_dim: c.kv_dim(),
+            qkv_dim: c.q_dim() + 2 * c.kv_dim(),
+            ff: c.intermediate_size,
+            vocab: c.vocab_size,
+        }
+    }
+}
+
+/// What the launches of one forward read besides the workspace, weights and cache.
+struct Pass<'a> {
+    stream: &'a Arc<CudaStream>,
+    kernels: &'a Kernels,
+    gemm: &'a Gemm,
+    config: &'a ModelConfig,
+    layout: MetaLayout,
+    dims: Dims,
+    block_size: usize,
+}
+
 impl CudaBackend {
     /// Runs the forward of `seqs`, writing their keys/values into the cache and leaving the
     /// logits on the device (in the workspace); returns the batch layout. Asynchronous: the
@@ -93,248 +154,36 @@ impl CudaBackend {
         &mut self,
         seqs: &[SeqForward<'_>],
     ) -> Result<MetaLayout, EngineError> {
-        let c = &self.config;
-        let meta = prepare(seqs, c.vocab_size, self.block_size, self.num_blocks)?;
+        let meta = prepare(
+            seqs,
+            self.config.vocab_size,
+            self.block_size,
+            self.num_blocks,
+        )?;
         let l = meta.layout;
-        let (t, r) = (l.tokens, l.rows);
-        let (h, q_dim, kv_dim, ff, vocab) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.intermediate_size,
-            c.vocab_size,
-        );
-        let qkv_dim = q_dim + 2 * kv_dim;
-        let stream = self.stream.clone();
+        let dims = Dims::new(&self.config, &l);
         let ws = &mut self.workspace;
         ws.last = None;
-        ensure(&stream, &mut ws.meta, l.len)?;
-        ensure(&stream, &mut ws.x, t * h)?;
-        ensure(&stream, &mut ws.xn, t.max(r) * h)?;
-        ensure(&stream, &mut ws.qkv, t * qkv_dim)?;
-        ensure(&stream, &mut ws.attn, t * q_dim)?;
-        ensure(&stream, &mut ws.gate_up, t * 2 * ff)?;
-        ensure(&stream, &mut ws.act, t * ff)?;
-        ensure(&stream, &mut ws.logits, r * vocab)?;
-        stream
+        ws.grow(&self.stream, &dims, l.len)?;
+        self.stream
             .memcpy_htod(&meta.packed, &mut ws.meta.slice_mut(0..l.len))
             .map_err(driver_err)?;
-
-        let k = &self.kernels;
-        let w = &self.weights;
-        let meta_buf = &ws.meta;
-        let ids = meta_buf.slice(l.ids..l.ids + t);
-        let positions = meta_buf.slice(l.positions..l.positions + t);
-        let token_seq = meta_buf.slice(l.token_seq..l.token_seq + t);
-        let slots = meta_buf.slice(l.slots..l.slots + t);
-        let logit_rows = meta_buf.slice(l.logit_rows..l.logit_rows + r);
-        let tables = meta_buf.slice(l.block_tables..l.len);
-
-        let (h_i, qkv_i, q_i, kv_i, ff_i) = (
-            h as i32,
-            qkv_dim as i32,
-            q_dim as i32,
-            kv_dim as i32,
-            ff as i32,
-        );
-        let v_off = (q_dim + kv_dim) as i32;
-        let eps = c.rms_norm_eps;
-        let theta = c.rope_theta;
-        let neox: i32 = match c.rope_style {
-            RopeStyle::Interleaved => 0,
-            RopeStyle::HalfSplit => 1,
+        let pass = Pass {
+            stream: &self.stream,
+            kernels: &self.kernels,
+            gemm: &self.gemm,
+            config: &self.config,
+            layout: l,
+            dims,
+            block_size: self.block_size,
         };
-        let (n_heads, n_kv, head_dim) =
-            (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
-        let block_size = self.block_size as i32;
-        let max_blocks = l.max_blocks as i32;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let no_rows: u64 = 0;
-        // Grouped kernel: one block per (token, kv head) serving its query heads.
-        let grouped = c.num_heads / c.num_kv_heads <= MAX_ATTENTION_GROUP;
-        let (attention, attention_blocks_y) = if grouped {
-            (&self.kernels.paged_attention_grouped, c.num_kv_heads as u32)
-        } else {
-            (&self.kernels.paged_attention, c.num_heads as u32)
-        };
-
-        // SAFETY (every launch below): argument types and order match the kernel signatures in
-        // kernels/*.cu; every buffer was sized above for this batch; indices inside the kernels
-        // come from `prepare`, which checked tokens, blocks and positions.
-        unsafe {
-            stream
-                .launch_builder(&k.embedding_gather)
-                .arg(&w.embed)
-                .arg(&ids)
-                .arg(&mut ws.x)
-                .arg(&h_i)
-                .launch(rows_cfg(t, 256))
-                .map_err(driver_err)?;
-        }
-        for (layer, lw) in w.layers.iter().enumerate() {
+        pass.embed(&self.weights, ws)?;
+        for (layer, lw) in self.weights.layers.iter().enumerate() {
             let (k_cache, v_cache) = (&mut self.k_cache[layer], &mut self.v_cache[layer]);
-            unsafe {
-                stream
-                    .launch_builder(&k.rmsnorm_to_bf16)
-                    .arg(&ws.x)
-                    .arg(&no_rows)
-                    .arg(&lw.attn_norm)
-                    .arg(&mut ws.xn)
-                    .arg(&h_i)
-                    .arg(&eps)
-                    .launch(rows_cfg(t, 256))
-                    .map_err(driver_err)?;
-            }
-            self.gemm.linear(
-                &ws.xn,
-                &lw.wqkv,
-                &mut ws.qkv,
-                Shape {
-                    rows: t,
-                    in_dim: h,
-                    out_dim: qkv_dim,
-                },
-                0.0,
-            )?;
-            if let Some(bias) = &lw.bqkv {
-                unsafe {
-                    stream
-                        .launch_builder(&k.add_bias)
-                        .arg(&mut ws.qkv)
-                        .arg(bias)
-                        .arg(&qkv_i)
-                        .launch(rows_cfg(t, 256))
-                        .map_err(driver_err)?;
-                }
-            }
-            unsafe {
-                stream
-                    .launch_builder(&k.rope_inplace)
-                    .arg(&mut ws.qkv)
-                    .arg(&positions)
-                    .arg(&qkv_i)
-                    .arg(&head_dim)
-                    .arg(&theta)
-                    .arg(&neox)
-                    .launch(LaunchConfig {
-                        grid_dim: (t as u32, (c.num_heads + c.num_kv_heads) as u32, 1),
-                        block_dim: ((c.head_dim / 2) as u32, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                    .map_err(driver_err)?;
-                stream
-                    .launch_builder(&k.kv_cache_write)
-                    .arg(&ws.qkv)
-                    .arg(&slots)
-                    .arg(&mut *k_cache)
-                    .arg(&mut *v_cache)
-                    .arg(&qkv_i)
-                    .arg(&q_i)
-                    .arg(&v_off)
-                    .arg(&kv_i)
-                    .launch(rows_cfg(t, 256))
-                    .map_err(driver_err)?;
-                stream
-                    .launch_builder(attention)
-                    .arg(&ws.qkv)
-                    .arg(&*k_cache)
-                    .arg(&*v_cache)
-                    .arg(&tables)
-                    .arg(&token_seq)
-                    .arg(&positions)
-                    .arg(&mut ws.attn)
-                    .arg(&qkv_i)
-                    .arg(&max_blocks)
-                    .arg(&n_heads)
-                    .arg(&n_kv)
-                    .arg(&head_dim)
-                    .arg(&block_size)
-                    .arg(&scale)
-                    .launch(LaunchConfig {
-                        grid_dim: (t as u32, attention_blocks_y, 1),
-                        block_dim: (ATTN_THREADS, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                    .map_err(driver_err)?;
-            }
-            self.gemm.linear(
-                &ws.attn,
-                &lw.wo,
-                &mut ws.x,
-                Shape {
-                    rows: t,
-                    in_dim: q_dim,
-                    out_dim: h,
-                },
-                1.0,
-            )?;
-            unsafe {
-                stream
-                    .launch_builder(&k.rmsnorm_to_bf16)
-                    .arg(&ws.x)
-                    .arg(&no_rows)
-                    .arg(&lw.ffn_norm)
-                    .arg(&mut ws.xn)
-                    .arg(&h_i)
-                    .arg(&eps)
-                    .launch(rows_cfg(t, 256))
-                    .map_err(driver_err)?;
-            }
-            self.gemm.linear(
-                &ws.xn,
-                &lw.w_gate_up,
-                &mut ws.gate_up,
-                Shape {
-                    rows: t,
-                    in_dim: h,
-                    out_dim: 2 * ff,
-                },
-                0.0,
-            )?;
-            unsafe {
-                stream
-                    .launch_builder(&k.silu_mul)
-                    .arg(&ws.gate_up)
-                    .arg(&mut ws.act)
-                    .arg(&ff_i)
-                    .launch(rows_cfg(t, 256))
-                    .map_err(driver_err)?;
-            }
-            self.gemm.linear(
-                &ws.act,
-                &lw.w_down,
-                &mut ws.x,
-                Shape {
-                    rows: t,
-                    in_dim: ff,
-                    out_dim: h,
-                },
-                1.0,
-            )?;
+            pass.attention_block(lw, ws, k_cache, v_cache)?;
+            pass.mlp_block(lw, ws)?;
         }
-        unsafe {
-            stream
-                .launch_builder(&k.rmsnorm_to_bf16)
-                .arg(&ws.x)
-                .arg(&logit_rows)
-                .arg(&w.final_norm)
-                .arg(&mut ws.xn)
-                .arg(&h_i)
-                .arg(&eps)
-                .launch(rows_cfg(r, 256))
-                .map_err(driver_err)?;
-        }
-        self.gemm.linear(
-            &ws.xn,
-            w.lm_head(),
-            &mut ws.logits,
-            Shape {
-                rows: r,
-                in_dim: h,
-                out_dim: vocab,
-            },
-            0.0,
-        )?;
+        pass.lm_head(&self.weights, ws)?;
         ws.last = Some(l);
         Ok(l)
     }
@@ -352,5 +201,262 @@ impl CudaBackend {
             .map_err(driver_err)?;
         self.stream.synchronize().map_err(driver_err)?;
         Ok(out)
+    }
+}
+
+impl Pass<'_> {
+    /// `x = embed[ids]`.
+    fn embed(&self, w: &DeviceWeights, ws: &mut Workspace) -> Result<(), EngineError> {
+        let (l, t) = (&self.layout, self.dims.tokens);
+        let ids = ws.meta.slice(l.ids..l.ids + t);
+        let h_i = self.dims.hidden as i32;
+        // SAFETY: argument types and order match kernels/embedding.cu; the buffers were sized
+        // for this batch and `prepare` checked the token ids.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.embedding_gather)
+                .arg(&w.embed)
+                .arg(&ids)
+                .arg(&mut ws.x)
+                .arg(&h_i)
+                .launch(rows_cfg(t, 256))
+                .map_err(driver_err)?;
+        }
+        Ok(())
+    }
+
+    /// `xn = rmsnorm(x)` (bf16) of every token.
+    fn norm_all(
+        &self,
+        x: &CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        xn: &mut CudaSlice<u16>,
+    ) -> Result<(), EngineError> {
+        let no_rows: u64 = 0;
+        let h_i = self.dims.hidden as i32;
+        let eps = self.config.rms_norm_eps;
+        // SAFETY: argument types and order match kernels/rmsnorm.cu (a null row list: every
+        // row); the buffers were sized for this batch.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.rmsnorm_to_bf16)
+                .arg(x)
+                .arg(&no_rows)
+                .arg(weight)
+                .arg(xn)
+                .arg(&h_i)
+                .arg(&eps)
+                .launch(rows_cfg(self.dims.tokens, 256))
+                .map_err(driver_err)?;
+        }
+        Ok(())
+    }
+
+    /// `x += paged_attention(rope(qkv(rmsnorm(x))), cache) · Woᵀ`, writing the tokens' keys and
+    /// values into the cache.
+    fn attention_block(
+        &self,
+        lw: &DeviceLayer,
+        ws: &mut Workspace,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+    ) -> Result<(), EngineError> {
+        let d = self.dims;
+        self.norm_all(&ws.x, &lw.attn_norm, &mut ws.xn)?;
+        let qkv_shape = Shape {
+            rows: d.tokens,
+            in_dim: d.hidden,
+            out_dim: d.qkv_dim,
+        };
+        self.gemm
+            .linear(&ws.xn, &lw.wqkv, &mut ws.qkv, qkv_shape, 0.0)?;
+        if let Some(bias) = &lw.bqkv {
+            let qkv_i = d.qkv_dim as i32;
+            // SAFETY: argument types and order match kernels/activation.cu; `qkv` holds
+            // `tokens` rows of `qkv_dim`.
+            unsafe {
+                self.stream
+                    .launch_builder(&self.kernels.add_bias)
+                    .arg(&mut ws.qkv)
+                    .arg(bias)
+                    .arg(&qkv_i)
+                    .launch(rows_cfg(d.tokens, 256))
+                    .map_err(driver_err)?;
+            }
+        }
+        self.rope_and_cache(ws, k_cache, v_cache)?;
+        self.attention(ws, k_cache, v_cache)?;
+        let out_shape = Shape {
+            rows: d.tokens,
+            in_dim: d.q_dim,
+            out_dim: d.hidden,
+        };
+        self.gemm
+            .linear(&ws.attn, &lw.wo, &mut ws.x, out_shape, 1.0)
+    }
+
+    /// Rotates q and k in place, then writes k and v into the paged cache.
+    fn rope_and_cache(
+        &self,
+        ws: &mut Workspace,
+        k_cache: &mut CudaSlice<u16>,
+        v_cache: &mut CudaSlice<u16>,
+    ) -> Result<(), EngineError> {
+        let (c, l, d) = (self.config, &self.layout, &self.dims);
+        let positions = ws.meta.slice(l.positions..l.positions + d.tokens);
+        let slots = ws.meta.slice(l.slots..l.slots + d.tokens);
+        let (qkv_i, q_i, kv_i) = (d.qkv_dim as i32, d.q_dim as i32, d.kv_dim as i32);
+        let v_off = (d.q_dim + d.kv_dim) as i32;
+        let head_dim = c.head_dim as i32;
+        let neox: i32 = match c.rope_style {
+            RopeStyle::Interleaved => 0,
+            RopeStyle::HalfSplit => 1,
+        };
+        // SAFETY: argument types and order match kernels/rope.cu and kernels/kv_cache.cu; the
+        // buffers were sized for this batch and `prepare` checked positions and slots.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.rope_inplace)
+                .arg(&mut ws.qkv)
+                .arg(&positions)
+                .arg(&qkv_i)
+                .arg(&head_dim)
+                .arg(&c.rope_theta)
+                .arg(&neox)
+                .launch(LaunchConfig {
+                    grid_dim: (d.tokens as u32, (c.num_heads + c.num_kv_heads) as u32, 1),
+                    block_dim: ((c.head_dim / 2) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+                .map_err(driver_err)?;
+            self.stream
+                .launch_builder(&self.kernels.kv_cache_write)
+                .arg(&ws.qkv)
+                .arg(&slots)
+                .arg(&mut *k_cache)
+                .arg(&mut *v_cache)
+                .arg(&qkv_i)
+                .arg(&q_i)
+                .arg(&v_off)
+                .arg(&kv_i)
+                .launch(rows_cfg(d.tokens, 256))
+                .map_err(driver_err)?;
+        }
+        Ok(())
+    }
+
+    /// `attn = paged_attention(q, cache)` (bf16), each token over its own sequence.
+    fn attention(
+        &self,
+        ws: &mut Workspace,
+        k_cache: &CudaSlice<u16>,
+        v_cache: &CudaSlice<u16>,
+    ) -> Result<(), EngineError> {
+        let (c, l, d) = (self.config, &self.layout, &self.dims);
+        let meta = &ws.meta;
+        let positions = meta.slice(l.positions..l.positions + d.tokens);
+        let token_seq = meta.slice(l.token_seq..l.token_seq + d.tokens);
+        let tables = meta.slice(l.block_tables..l.len);
+        let qkv_i = d.qkv_dim as i32;
+        let max_blocks = l.max_blocks as i32;
+        let (n_heads, n_kv, head_dim) =
+            (c.num_heads as i32, c.num_kv_heads as i32, c.head_dim as i32);
+        let block_size = self.block_size as i32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        // Grouped kernel: one block per (token, kv head) serving its query heads.
+        let (attention, attention_blocks_y) = if c.num_heads / c.num_kv_heads <= MAX_ATTENTION_GROUP
+        {
+            (&self.kernels.paged_attention_grouped, c.num_kv_heads as u32)
+        } else {
+            (&self.kernels.paged_attention, c.num_heads as u32)
+        };
+        // SAFETY: argument types and order match kernels/attention.cu; the buffers were sized
+        // for this batch and `prepare` checked the block tables.
+        unsafe {
+            self.stream
+                .launch_builder(attention)
+                .arg(&ws.qkv)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(&tables)
+                .arg(&token_seq)
+                .arg(&positions)
+                .arg(&mut ws.attn)
+                .arg(&qkv_i)
+                .arg(&max_blocks)
+                .arg(&n_heads)
+                .arg(&n_kv)
+                .arg(&head_dim)
+                .arg(&block_size)
+                .arg(&scale)
+                .launch(LaunchConfig {
+                    grid_dim: (d.tokens as u32, attention_blocks_y, 1),
+                    block_dim: (ATTN_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+                .map_err(driver_err)?;
+        }
+        Ok(())
+    }
+
+    /// `x += (silu(g) * u)(rmsnorm(x) · Wgate_upᵀ) · Wdownᵀ`.
+    fn mlp_block(&self, lw: &DeviceLayer, ws: &mut Workspace) -> Result<(), EngineError> {
+        let d = self.dims;
+        self.norm_all(&ws.x, &lw.ffn_norm, &mut ws.xn)?;
+        let gate_up_shape = Shape {
+            rows: d.tokens,
+            in_dim: d.hidden,
+            out_dim: 2 * d.ff,
+        };
+        self.gemm
+            .linear(&ws.xn, &lw.w_gate_up, &mut ws.gate_up, gate_up_shape, 0.0)?;
+        let ff_i = d.ff as i32;
+        // SAFETY: argument types and order match kernels/activation.cu; `gate_up` and `act`
+        // hold `tokens` rows.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.silu_mul)
+                .arg(&ws.gate_up)
+                .arg(&mut ws.act)
+                .arg(&ff_i)
+                .launch(rows_cfg(d.tokens, 256))
+                .map_err(driver_err)?;
+        }
+        let down_shape = Shape {
+            rows: d.tokens,
+            in_dim: d.ff,
+            out_dim: d.hidden,
+        };
+        self.gemm
+            .linear(&ws.act, &lw.w_down, &mut ws.x, down_shape, 1.0)
+    }
+
+    /// `logits = rmsnorm(x[rows that need logits]) · lm_headᵀ`.
+    fn lm_head(&self, w: &DeviceWeights, ws: &mut Workspace) -> Result<(), EngineError> {
+        let (l, d) = (&self.layout, &self.dims);
+        let logit_rows = ws.meta.slice(l.logit_rows..l.logit_rows + d.rows);
+        let h_i = d.hidden as i32;
+        let eps = self.config.rms_norm_eps;
+        // SAFETY: argument types and order match kernels/rmsnorm.cu; `logit_rows` indexes
+        // tokens of this batch.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.rmsnorm_to_bf16)
+                .arg(&ws.x)
+                .arg(&logit_rows)
+                .arg(&w.final_norm)
+                .arg(&mut ws.xn)
+                .arg(&h_i)
+                .arg(&eps)
+                .launch(rows_cfg(d.rows, 256))
+                .map_err(driver_err)?;
+        }
+        let shape = Shape {
+            rows: d.rows,
+            in_dim: d.hidden,
+            out_dim: d.vocab,
+        };
+        self.gemm
+            .linear(&ws.xn, w.lm_head(), &mut ws.logits, shape, 0.0)
     }
 }

@@ -8,9 +8,9 @@
 //!   `engine-worker/kernels/`, compiled once per process by NVRTC for the device's architecture
 //!   (dynamic loading: building needs no CUDA toolkit, running needs the driver, cuBLAS and
 //!   NVRTC libraries).
-//! - [`Backend::forward`] returns f32 logits like every backend; [`CudaBackend::verify`] keeps
-//!   token choice and draft acceptance on the device so only token ids and `(drafted,
-//!   accepted)` come back.
+//! - [`Backend::forward`] returns f32 logits like every backend; for greedy batches
+//!   [`Backend::forward_and_verify`] keeps token choice and draft acceptance on the device
+//!   ([`CudaBackend::verify_on_device`]) so only token ids and accepted counts come back.
 //!
 //! Missing driver, libraries or device give [`EngineError::BackendUnavailable`].
 
@@ -31,7 +31,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use batch::MetaLayout;
 pub use device::{device_count, missing_libraries, parse_cuda_device};
 pub use forward::MAX_HEAD_DIM;
-pub use verify::{SeqSampling, StepTimings, VerifyOutcome};
+pub use verify::{SeqSampling, StepTimings};
 
 use self::device::unavailable;
 use self::forward::Workspace;
@@ -39,8 +39,10 @@ use self::gemm::Gemm;
 use self::module::Kernels;
 use self::verify::VerifyWorkspace;
 use self::weights::{alloc, DeviceWeights};
-use crate::backend::{Backend, SeqForward};
+use crate::backend::{check_choices, verify_on_host, Backend, SeqForward, TokenChoice};
 use crate::model::{ModelConfig, ModelWeights};
+use crate::sampling::is_greedy;
+use crate::spec::Verdict;
 use crate::EngineError;
 
 /// How to set up the backend.
@@ -206,7 +208,7 @@ impl CudaBackend {
         self.weights.device_bytes()
     }
 
-    /// Turns per-phase timing of [`CudaBackend::verify`] on or off (benchmarks).
+    /// Turns per-phase timing of [`CudaBackend::verify_on_device`] on or off (benchmarks).
     pub fn set_profiling(&mut self, on: bool) {
         self.profiling = on;
         self.last_timings = None;
@@ -239,5 +241,21 @@ impl Backend for CudaBackend {
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
         self.forward_on_device(seqs)?;
         self.logits_to_host()
+    }
+
+    /// Greedy batches choose on the device: argmax over the same logits with the same tie rule
+    /// is exactly the host's choice. A batch with a sampled request is decided on the host,
+    /// whose seeded draws the device's kernels do not reproduce.
+    fn forward_and_verify(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        choices: &[TokenChoice<'_>],
+    ) -> Result<Vec<Verdict>, EngineError> {
+        check_choices(seqs, choices)?;
+        if choices.iter().all(|c| is_greedy(c.sampling)) {
+            return self.verify_on_device(seqs, None);
+        }
+        let logits = self.forward(seqs)?;
+        verify_on_host(&logits, self.config.vocab_size, seqs, choices)
     }
 }
