@@ -17,6 +17,7 @@ use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
+use link::ipc::{default_tp_ingest_endpoint, default_worker_endpoint};
 use link::service;
 use proto::worker_tp::MAX_SPEC_TOKENS;
 
@@ -135,18 +136,10 @@ struct Args {
     #[arg(long, env = "SPECULA_WORKER_ID")]
     worker_id: Option<String>,
     /// ROUTER endpoint the api-servers connect to.
-    #[arg(
-        long,
-        env = "SPECULA_WORKER_API_ENDPOINT",
-        default_value_t = link::ipc::default_endpoint("worker-0")
-    )]
+    #[arg(long, env = "SPECULA_WORKER_API_ENDPOINT", default_value_t = default_worker_endpoint())]
     api_endpoint: String,
     /// The token-processor's ingest (ROUTER) endpoint.
-    #[arg(
-        long,
-        env = "SPECULA_TP_ENDPOINT",
-        default_value_t = link::ipc::default_endpoint("tp-ingest")
-    )]
+    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value_t = default_tp_ingest_endpoint())]
     tp_endpoint: String,
     /// Step batches queued for the token-processor before the worker drops them and resyncs.
     #[arg(long, env = "SPECULA_TP_QUEUE", default_value_t = 1024)]
