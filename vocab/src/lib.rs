@@ -11,4 +11,4 @@ pub mod token_bytes;
 
 pub use model_name::{served_model_name, DEFAULT_MODEL_PATH};
 pub use stop::{find_completed_stop, StopMatch, StopStrings};
-pub use token_bytes::{TokenBytes, VocabKind};
+pub use token_bytes::{Entry, TokenBytes, VocabKind};

@@ -11,8 +11,8 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper};
 
-use vocab::bytelevel;
 use vocab::token_bytes::{TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED};
+use vocab::{TokenBytes, VocabKind};
 
 use super::{BosPolicy, Tokenizer};
 use crate::error::ApiError;
@@ -92,23 +92,15 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer, ApiError> {
     inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
     inner.with_decoder(Some(ByteLevelDecoder::default()));
 
-    let mut token_bytes = Vec::with_capacity(tokens.len());
-    let mut special = Vec::with_capacity(tokens.len());
-    let mut added = Vec::new();
-    for (token, &ty) in tokens.iter().zip(&types) {
-        let whole = ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED;
-        if whole {
-            added.push(AddedToken::from(token.clone(), ty == TOKEN_TYPE_CONTROL));
-        }
-        special.push(ty == TOKEN_TYPE_CONTROL);
-        // Control and user-defined tokens are stored as their literal text.
-        let bytes = match (whole, bytelevel::token_to_bytes(token)) {
-            (false, Some(bytes)) => bytes,
-            _ => token.as_bytes().to_vec(),
-        };
-        token_bytes.push(bytes);
-    }
+    // Control and user-defined tokens are matched whole in text.
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|(_, &ty)| ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED)
+        .map(|(token, &ty)| AddedToken::from(token.clone(), ty == TOKEN_TYPE_CONTROL))
+        .collect();
     inner.add_special_tokens(&added);
+    let token_bytes = TokenBytes::new(tokens, Some(&types), VocabKind::ByteLevel);
 
     for (name, id) in [("bos_token_id", bos_id), ("eos_token_id", eos_id)] {
         if id.is_some_and(|id| id as usize >= tokens.len()) {
@@ -123,7 +115,6 @@ pub fn from_metadata(meta: &Metadata) -> Result<Tokenizer, ApiError> {
     Ok(Tokenizer::from_parts(
         inner,
         token_bytes,
-        special,
         bos_id,
         eos_id,
         bos_policy,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use vocab::{bytelevel, pieces};
+use vocab::{Entry, TokenBytes, VocabKind};
 
 use super::{BosPolicy, Tokenizer};
 use crate::error::ApiError;
@@ -62,48 +62,33 @@ pub fn read_config(dir: &Path) -> Result<HfTokenizerConfig, ApiError> {
     })
 }
 
-/// Raw bytes of a vocabulary entry: byte-level text, a `<0xAB>` byte-fallback token, or a
-/// SentencePiece piece (`▁` for a space).
-fn piece_bytes(piece: &str) -> Vec<u8> {
-    // A byte token is spelled in the byte-level alphabet too, so it must be tried first.
-    if pieces::byte_token(piece).is_none() {
-        if let Some(bytes) = bytelevel::token_to_bytes(piece) {
-            return bytes;
-        }
-    }
-    pieces::sentencepiece_bytes(piece)
-}
-
 pub fn load(dir: &Path, config: &HfTokenizerConfig) -> Result<Tokenizer, ApiError> {
     let path = dir.join("tokenizer.json");
     let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| load_err(&path, e))?;
     let size = inner.get_vocab_size(true);
     let added = inner.get_added_tokens_decoder();
-    let mut token_bytes = Vec::with_capacity(size);
-    let mut special = Vec::with_capacity(size);
-    for id in 0..size as u32 {
-        match (added.get(&id), inner.id_to_token(id)) {
-            (Some(tok), _) => {
-                token_bytes.push(tok.content.as_bytes().to_vec());
-                special.push(tok.special);
-            }
-            (None, Some(piece)) => {
-                token_bytes.push(piece_bytes(&piece));
-                special.push(false);
-            }
-            (None, None) => {
-                token_bytes.push(Vec::new());
-                special.push(false);
-            }
-        }
-    }
+    let pieces: Vec<Option<String>> = (0..size as u32).map(|id| inner.id_to_token(id)).collect();
+    let entries =
+        pieces
+            .iter()
+            .enumerate()
+            .map(|(id, piece)| match (added.get(&(id as u32)), piece) {
+                (Some(tok), _) if tok.special => Entry::Control(&tok.content),
+                (Some(tok), _) => Entry::UserDefined(&tok.content),
+                (None, Some(piece)) => Entry::Piece(piece),
+                (None, None) => Entry::Missing,
+            });
+    let decoder = inner
+        .get_decoder()
+        .and_then(|d| serde_json::to_string(d).ok());
+    let token_bytes =
+        TokenBytes::from_entries(entries, VocabKind::from_hf_decoder(decoder.as_deref()));
     let id_of = |t: &Option<String>| t.as_deref().and_then(|t| inner.token_to_id(t));
     let bos_id = id_of(&config.bos_token);
     let eos_id = id_of(&config.eos_token);
     Ok(Tokenizer::from_parts(
         inner,
         token_bytes,
-        special,
         bos_id,
         eos_id,
         BosPolicy::PostProcessor,

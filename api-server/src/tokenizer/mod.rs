@@ -6,15 +6,16 @@ pub mod detok;
 pub mod gguf;
 pub mod hf;
 
+use vocab::TokenBytes;
+
 use crate::error::ApiError;
 
 /// A loaded tokenizer. Encoding goes through the `tokenizers` crate; decoding uses each token's
 /// raw bytes, which is what the engine-worker matches stop strings on too.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    /// Raw output bytes of every id; special tokens hold their literal text.
-    token_bytes: Vec<Vec<u8>>,
-    special: Vec<bool>,
+    /// The bytes of every id, by the rule the engine-worker uses too.
+    token_bytes: TokenBytes,
     bos_id: Option<u32>,
     eos_id: Option<u32>,
     bos_policy: BosPolicy,
@@ -33,8 +34,7 @@ pub enum BosPolicy {
 impl Tokenizer {
     pub(crate) fn from_parts(
         inner: tokenizers::Tokenizer,
-        token_bytes: Vec<Vec<u8>>,
-        special: Vec<bool>,
+        token_bytes: TokenBytes,
         bos_id: Option<u32>,
         eos_id: Option<u32>,
         bos_policy: BosPolicy,
@@ -42,7 +42,6 @@ impl Tokenizer {
         Self {
             inner,
             token_bytes,
-            special,
             bos_id,
             eos_id,
             bos_policy,
@@ -63,7 +62,7 @@ impl Tokenizer {
 
     /// Text of a token id (special tokens as written), for the chat template's context.
     pub fn token_text(&self, id: u32) -> Option<String> {
-        let bytes = self.token_bytes.get(id as usize)?;
+        let bytes = self.token_bytes.literal(id)?;
         Some(String::from_utf8_lossy(bytes).into_owned())
     }
 
@@ -108,13 +107,14 @@ impl Tokenizer {
             })
     }
 
-    /// Raw bytes of one token, or `None` for an id outside the vocabulary.
+    /// Raw bytes of one token (a special token's literal text), or `None` for an id outside
+    /// the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        self.token_bytes.get(id as usize).map(Vec::as_slice)
+        self.token_bytes.literal(id)
     }
 
     pub fn is_special(&self, id: u32) -> bool {
-        self.special.get(id as usize).copied().unwrap_or(false)
+        self.token_bytes.is_control(id)
     }
 
     /// Decodes ids to text (invalid UTF-8 becomes U+FFFD); unknown ids are skipped.

@@ -208,7 +208,8 @@ struct HfAddedToken {
 }
 
 /// Token strings from `tokenizer.json`, in the GGUF convention (`model` "gpt2" for byte-level
-/// BPE, "llama" for SentencePiece-style; token type 3 for special tokens).
+/// BPE, "llama" for SentencePiece-style; special added tokens are control tokens, the other
+/// added tokens user-defined, as the api-server reads them).
 fn hf_tokenizer(dir: &Path, vocab_size: usize) -> Result<Option<TokenizerData>, EngineError> {
     let path = dir.join("tokenizer.json");
     if !path.exists() {
@@ -217,10 +218,9 @@ fn hf_tokenizer(dir: &Path, vocab_size: usize) -> Result<Option<TokenizerData>, 
     let json = std::fs::read_to_string(&path).map_err(io_err(&path))?;
     let tok: HfTokenizer = serde_json::from_str(&json)
         .map_err(|e| EngineError::InvalidConfig(format!("{}: {e}", path.display())))?;
-    let byte_level = tok
-        .decoder
-        .as_ref()
-        .is_some_and(|d| d.to_string().contains("\"ByteLevel\""));
+    let decoder = tok.decoder.as_ref().map(|d| d.to_string());
+    let byte_level =
+        vocab::VocabKind::from_hf_decoder(decoder.as_deref()) == vocab::VocabKind::ByteLevel;
     let mut tokens = vec![String::new(); vocab_size];
     let mut token_types = vec![1i32; vocab_size];
     for (text, id) in tok.model.vocab {
@@ -232,9 +232,11 @@ fn hf_tokenizer(dir: &Path, vocab_size: usize) -> Result<Option<TokenizerData>, 
         let id = added.id as usize;
         if id < vocab_size {
             tokens[id] = added.content;
-            if added.special {
-                token_types[id] = 3;
-            }
+            token_types[id] = if added.special {
+                vocab::token_bytes::TOKEN_TYPE_CONTROL
+            } else {
+                vocab::token_bytes::TOKEN_TYPE_USER_DEFINED
+            };
         }
     }
     Ok(Some(TokenizerData {
