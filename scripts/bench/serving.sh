@@ -17,6 +17,10 @@
 #   SKIP_LLAMA=1       do not run llama-server
 #   MODEL              GGUF model; default models/SmolLM2-135M-Instruct.Q4_1.gguf (fetched)
 #   THREADS            llama-server threads (default 2)
+#   LLAMA_EXTRA_ARGS   more llama-server options; default "--no-repack" on a CPU that lists AMX
+#                      (amx_int8 in /proc/cpuinfo), else none: ggml's AMX matmul
+#                      (ggml_backend_amx_mul_mat) segfaults at the first request on such VMs
+#                      (seen 2026-12-02), and --no-repack keeps weights out of the AMX buffer
 #   SPECULA_START_TIMEOUT  seconds to wait for a specula stack, its release build included
 #                      (default 3600)
 # Run it on an otherwise idle machine: serving.py measures the CPU busy share for 1 s before
@@ -56,6 +60,11 @@ if [ -z "$llama" ] && [ -x "$root/.tools/llama.cpp/build/bin/llama-server" ]; th
   llama="$root/.tools/llama.cpp/build/bin/llama-server"
 fi
 [ "${SKIP_LLAMA:-0}" = 1 ] && llama=""
+if [ -z "${LLAMA_EXTRA_ARGS+set}" ]; then
+  LLAMA_EXTRA_ARGS=""
+  grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && LLAMA_EXTRA_ARGS="--no-repack"
+fi
+read -r -a llama_extra <<<"$LLAMA_EXTRA_ARGS"
 
 mkdir -p "$out_dir"
 tag="$workload-c$concurrency-n$num_prompts"
@@ -143,8 +152,8 @@ run_client() {  # NAME URL
 if [ -n "$llama" ]; then
   port="$(free_port)"
   log="$out_dir/$tag-llama-server.log"
-  echo "== llama-server ($llama) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
-  setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off \
+  echo "== llama-server ($llama${LLAMA_EXTRA_ARGS:+ $LLAMA_EXTRA_ARGS}) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
+  setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off "${llama_extra[@]}" \
     --host 127.0.0.1 --port "$port" -c $((4096 * concurrency)) >"$log" 2>&1 &
   srv_pid=$!
   if wait_healthy "http://127.0.0.1:$port/health" 300 llama-server; then
