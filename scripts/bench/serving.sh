@@ -19,7 +19,7 @@
 #   THREADS            llama-server threads (default 2)
 #   LLAMA_EXTRA_ARGS   more llama-server options; default "--no-repack" on a CPU that lists AMX
 #                      (amx_int8 in /proc/cpuinfo), else none: ggml's AMX matmul
-#                      (ggml_backend_amx_mul_mat) segfaults at the first request on such VMs
+#                      (ggml_backend_amx_mul_mat) segfaults at start-up on such VMs
 #                      (seen 2026-12-02), and --no-repack keeps weights out of the AMX buffer
 #   SPECULA_START_TIMEOUT  seconds to wait for a specula stack, its release build included
 #                      (default 3600)
