@@ -7,7 +7,7 @@ pub mod cpu;
 pub mod cuda;
 mod verify;
 
-pub use verify::{check_choices, verify_on_host, TokenChoice};
+pub use verify::{check_choices, forward_then_verify_on_host, verify_on_host, TokenChoice};
 
 use crate::model::ModelConfig;
 use crate::spec::Verdict;
@@ -88,9 +88,7 @@ pub trait Backend: Send {
         seqs: &[SeqForward<'_>],
         choices: &[TokenChoice<'_>],
     ) -> Result<Vec<Verdict>, EngineError> {
-        check_choices(seqs, choices)?;
-        let logits = self.forward(seqs)?;
-        verify_on_host(&logits, self.config().vocab_size, seqs, choices)
+        forward_then_verify_on_host(self, seqs, choices)
     }
 }
 

@@ -54,6 +54,19 @@ pub fn verify_on_host(
     Ok(verdicts)
 }
 
+/// The host path of [`Backend::forward_and_verify`](super::Backend::forward_and_verify): the
+/// backend's forward, then [`verify_on_host`]. The trait's default, and the fallback of a
+/// backend that chooses on its device only some of the time.
+pub fn forward_then_verify_on_host<B: super::Backend + ?Sized>(
+    backend: &mut B,
+    seqs: &[SeqForward<'_>],
+    choices: &[TokenChoice<'_>],
+) -> Result<Vec<Verdict>, EngineError> {
+    check_choices(seqs, choices)?;
+    let logits = backend.forward(seqs)?;
+    verify_on_host(&logits, backend.config().vocab_size, seqs, choices)
+}
+
 /// One choice per sequence.
 pub fn check_choices(
     seqs: &[SeqForward<'_>],

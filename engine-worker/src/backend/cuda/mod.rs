@@ -39,7 +39,9 @@ use self::gemm::Gemm;
 use self::module::Kernels;
 use self::verify::VerifyWorkspace;
 use self::weights::{alloc, DeviceWeights};
-use crate::backend::{check_choices, verify_on_host, Backend, SeqForward, TokenChoice};
+use crate::backend::{
+    check_choices, forward_then_verify_on_host, Backend, SeqForward, TokenChoice,
+};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::sampling::is_greedy;
 use crate::spec::Verdict;
@@ -255,7 +257,6 @@ impl Backend for CudaBackend {
         if choices.iter().all(|c| is_greedy(c.sampling)) {
             return self.verify_on_device(seqs, None);
         }
-        let logits = self.forward(seqs)?;
-        verify_on_host(&logits, self.config.vocab_size, seqs, choices)
+        forward_then_verify_on_host(self, seqs, choices)
     }
 }
