@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
 use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettings};
@@ -131,6 +131,10 @@ struct Args {
     /// Forward-pass threads (default: all cores).
     #[arg(long, env = "SPECULA_THREADS")]
     threads: Option<usize>,
+    /// CPU kernel instruction set: avx512, avx2 or scalar (default: the best this CPU has; an
+    /// unsupported choice falls back to it).
+    #[arg(long, env = "SPECULA_CPU_ISA")]
+    cpu_isa: Option<Isa>,
     /// This worker's name in hellos, batches and metric labels; unique among the workers of a
     /// cluster (default: `worker@<host>/<api endpoint>`).
     #[arg(long, env = "SPECULA_WORKER_ID")]
@@ -461,6 +465,7 @@ fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> 
             let mut options = CpuBackendOptions::new(args.num_kv_blocks);
             options.block_size = args.block_size;
             options.threads = args.threads;
+            options.isa = args.cpu_isa;
             Ok(Box::new(CpuBackend::new(model, options)?))
         }
         #[cfg(feature = "cuda")]

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RowKind};
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::SpecPolicy;
@@ -34,6 +34,10 @@ struct Args {
     /// Forward-pass threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Kernel instruction set: avx512, avx2 or scalar (default: the best this CPU has; an
+    /// unsupported choice falls back to it).
+    #[arg(long, env = "SPECULA_CPU_ISA")]
+    cpu_isa: Option<Isa>,
     /// Shortest n-gram the proposer matches.
     #[arg(long, default_value_t = EngineConfig::default().ngram_min)]
     ngram_min: usize,
@@ -127,6 +131,7 @@ fn bench(
     let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let mut options = CpuBackendOptions::new(1024);
     options.threads = threads;
+    options.isa = args.cpu_isa;
     let backend = CpuBackend::new(model.clone(), options)?;
     let cfg = EngineConfig {
         num_spec_tokens: k,
@@ -177,6 +182,8 @@ fn bench(
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Logs (the engine's verify-cost calibration among them) go to stderr.
+    link::service::init_tracing(false);
     let model = Model::load(&args.model, LoadFormat::Gguf, WeightType::Q4_1, 0)?;
     // Repetitive: the code prompt's ids three times over (the model keeps repeating it);
     // free-form: the story prompt.

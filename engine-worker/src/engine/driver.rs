@@ -67,6 +67,7 @@ impl<B: Backend> Engine<B> {
             one_token_ms = cost.seconds(1.0) * 1e3,
             eight_tokens_ms = cost.seconds(8.0) * 1e3,
             extra_token_at_eight_ms = cost.marginal(8.0) * 1e3,
+            points = ?calibration,
             "verify cost calibrated"
         );
         let planner = DraftPlanner::new(cfg.spec_policy, cfg.num_spec_tokens, cost);

@@ -93,34 +93,15 @@ impl Distribution {
 
     /// Draws one token.
     pub fn sample(&self, rng: &mut impl Rng) -> u32 {
-        self.sample_excluding(None, rng)
-    }
-
-    /// Draws from the distribution with `excluded` removed and the rest renormalized (the
-    /// residual of speculative sampling against a point-mass draft). Falls back to the full
-    /// distribution if `excluded` held all the mass.
-    pub fn sample_excluding(&self, excluded: Option<u32>, rng: &mut impl Rng) -> u32 {
-        let removed = excluded.map_or(0.0, |x| self.prob(x));
-        let total = 1.0 - removed;
-        let (skip, total) = if total > 1e-12 {
-            (excluded, total)
-        } else {
-            (None, 1.0)
-        };
-        let mut u = rng.gen::<f64>() * total;
-        let mut last = self.support[0].0;
+        let mut u = rng.gen::<f64>();
         for &(id, p) in &self.support {
-            if Some(id) == skip {
-                continue;
-            }
-            last = id;
             if u < p {
                 return id;
             }
             u -= p;
         }
-        // Rounding left a sliver of mass: the last eligible token takes it.
-        last
+        // Rounding left a sliver of mass: the last token takes it.
+        self.support[self.support.len() - 1].0
     }
 }
 
@@ -156,14 +137,6 @@ mod tests {
         let d = Distribution::new(&logits, &params(1.0, 0.5, 0));
         assert_eq!(d.support().len(), 1);
         assert_eq!(d.prob(3), 1.0);
-    }
-
-    #[test]
-    fn sample_excluding_never_returns_the_excluded_token() {
-        let d = Distribution::new(&[0.0, 0.0, 5.0], &params(1.0, 1.0, 0));
-        for pos in 0..500 {
-            assert_ne!(d.sample_excluding(Some(2), &mut position_rng(1, pos)), 2);
-        }
     }
 
     #[test]

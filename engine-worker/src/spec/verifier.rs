@@ -1,14 +1,20 @@
 //! Verification of a draft against the target model's logits.
 //!
 //! Greedy (temperature 0): accept drafts while each equals the target's argmax, then add the
-//! argmax after the last accepted one. Otherwise speculative sampling (Leviathan et al. 2023,
-//! Chen et al. 2023): with a draft distribution `q` and target `p`, accept draft `x` with
-//! probability `min(1, p(x)/q(x))`, on rejection draw from `norm(max(0, p - q))`. An n-gram
-//! proposer's `q` is a point mass on `x`, so that is: accept with probability `p(x)`, else draw
-//! from `p` with `x` removed and renormalized. Either way the output follows `p` exactly.
+//! argmax after the last accepted one.
+//!
+//! Sampled: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) accepts draft `x`
+//! with probability `min(1, p(x)/q(x))` for a draft distribution `q` and target `p`, and on
+//! rejection draws from `norm(max(0, p - q))`. Both proposers draft deterministically, so `q` is
+//! a point mass on `x`: accept with probability `p(x)`, else draw from `p` without `x`. This
+//! module runs it coupled: each position draws its token from `p` with the request's RNG for
+//! that position, as a step without drafts does, and a draft is accepted iff it equals that
+//! draw. The draw equals `x` with probability `p(x)`, and given that it does not, it follows
+//! `p` without `x`: the same law as the textbook form, and, beyond it, the same tokens as
+//! decoding without speculation for the same seed, whatever was drafted. Greedy and sampled
+//! output are therefore both independent of the drafting policy and of the load it follows.
 
 use proto::api_worker::SamplingParams;
-use rand::Rng;
 
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 
@@ -57,13 +63,13 @@ pub fn verify(
             tokens,
         };
     }
+    let draw = |i: usize| {
+        Distribution::new(row(i), params).sample(&mut position_rng(seed, first_position + i))
+    };
     for (i, &draft) in drafts.iter().enumerate() {
-        let dist = Distribution::new(row(i), params);
-        let mut rng = position_rng(seed, first_position + i);
-        if rng.gen::<f64>() < dist.prob(draft) {
-            tokens.push(draft);
-        } else {
-            tokens.push(dist.sample_excluding(Some(draft), &mut rng));
+        let target = draw(i);
+        tokens.push(target);
+        if target != draft {
             return Verdict {
                 drafted: drafts.len(),
                 accepted: i,
@@ -71,9 +77,7 @@ pub fn verify(
             };
         }
     }
-    let dist = Distribution::new(row(drafts.len()), params);
-    let mut rng = position_rng(seed, first_position + drafts.len());
-    tokens.push(dist.sample(&mut rng));
+    tokens.push(draw(drafts.len()));
     Verdict {
         drafted: drafts.len(),
         accepted: drafts.len(),
@@ -173,5 +177,49 @@ mod tests {
             let v = verify(&row, 4, &[], &params, 4, position);
             assert_eq!((v.drafted, v.accepted, v.tokens), (0, 0, vec![plain]));
         }
+    }
+
+    /// The coupled form: whatever is drafted, position `i`'s token is what plain sampling draws
+    /// there with the same seed; drafts are accepted up to the first that differs from it.
+    #[test]
+    fn sampled_verification_emits_the_draws_of_plain_sampling() {
+        use crate::sampling::{position_rng, Distribution};
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let (vocab, k) = (6, 4);
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: Some(3),
+        };
+        let (mut accepted_some, mut rejected_some) = (false, false);
+        for trial in 0..400 {
+            let logits: Vec<f32> = (0..(k + 1) * vocab)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let drafts: Vec<u32> = (0..rng.gen_range(0..=k))
+                .map(|_| rng.gen_range(0..3))
+                .collect();
+            let first = trial * 10;
+            let plain: Vec<u32> = (0..=drafts.len())
+                .map(|i| {
+                    let row = &logits[i * vocab..(i + 1) * vocab];
+                    Distribution::new(row, &params).sample(&mut position_rng(3, first + i))
+                })
+                .collect();
+            let rows = &logits[..(drafts.len() + 1) * vocab];
+            let v = verify(rows, vocab, &drafts, &params, 3, first);
+            let agree = drafts
+                .iter()
+                .zip(&plain)
+                .take_while(|(d, p)| d == p)
+                .count();
+            assert_eq!(v.accepted, agree, "trial {trial}");
+            assert_eq!(v.tokens, plain[..=agree], "trial {trial}");
+            accepted_some |= agree > 0;
+            rejected_some |= agree < drafts.len();
+        }
+        assert!(accepted_some && rejected_some);
     }
 }

@@ -76,6 +76,14 @@ impl Isa {
     }
 }
 
+impl std::str::FromStr for Isa {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        Isa::parse(name).ok_or_else(|| format!("unknown ISA {name:?}: avx512, avx2 or scalar"))
+    }
+}
+
 /// Per-token sums of each 32-element block of `x` (`[tokens, cols / 32]`, `cols` a multiple of
 /// 32); Q4_1's minimum term needs them.
 pub(crate) fn block_sums(x: &[f32]) -> Vec<f32> {
