@@ -4,7 +4,7 @@
 # ready, and stops all three cleanly on Ctrl-C / SIGTERM.
 #
 # Environment: SPECULA_API_PORT (8000), SPECULA_METRICS_PORT (9400),
-# SPECULA_NUM_SPEC_TOKENS (4), SPECULA_SPEC_POLICY (goodput), SPECULA_PROPOSER (ngram),
+# SPECULA_NUM_SPEC_TOKENS (4), SPECULA_SPEC_POLICY (goodput), SPECULA_PROPOSER (suffix),
 # SPECULA_MODEL (the fetched GGUF).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,7 +67,7 @@ until healthy "$api/health" && healthy "$metrics/health"; do
 done
 
 cat <<MSG
-specula is ready (K=$SPECULA_NUM_SPEC_TOKENS, drafting policy ${SPECULA_SPEC_POLICY:-goodput}, proposer ${SPECULA_PROPOSER:-ngram}).
+specula is ready (K=$SPECULA_NUM_SPEC_TOKENS, drafting policy ${SPECULA_SPEC_POLICY:-goodput}, proposer ${SPECULA_PROPOSER:-suffix}).
   OpenAI API: $api/v1
   Metrics:    $metrics/metrics
 Try:

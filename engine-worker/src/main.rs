@@ -90,9 +90,9 @@ struct Args {
         default_value = "goodput"
     )]
     spec_policy: SpecPolicyArg,
-    /// Draft proposer: `ngram` (prompt lookup) or `suffix` (suffix trees over the request and
-    /// recent outputs, so answers repeated across requests are drafted too).
-    #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = "ngram")]
+    /// Draft proposer: `suffix` (suffix trees over the request and recent outputs, so answers
+    /// repeated across requests are drafted too) or `ngram` (prompt lookup).
+    #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = ProposerKind::default().name())]
     proposer: ProposerArg,
     /// Shortest suffix the n-gram proposer matches.
     #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]

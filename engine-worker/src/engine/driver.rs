@@ -62,14 +62,17 @@ impl<B: Backend> Engine<B> {
             Vec::new()
         };
         let cost = StepCost::from_calibration(&calibration);
-        tracing::info!(
-            policy = cfg.spec_policy.name(),
-            one_token_ms = cost.seconds(1.0) * 1e3,
-            eight_tokens_ms = cost.seconds(8.0) * 1e3,
-            extra_token_at_eight_ms = cost.marginal(8.0) * 1e3,
-            points = ?calibration,
-            "verify cost calibrated"
-        );
+        // Without speculation nothing was measured and no draft is ever planned.
+        if cfg.num_spec_tokens > 0 {
+            tracing::info!(
+                policy = cfg.spec_policy.name(),
+                one_token_ms = cost.seconds(1.0) * 1e3,
+                eight_tokens_ms = cost.seconds(8.0) * 1e3,
+                extra_token_at_eight_ms = cost.marginal(8.0) * 1e3,
+                points = ?calibration,
+                "verify cost calibrated"
+            );
+        }
         let planner = DraftPlanner::new(cfg.spec_policy, cfg.num_spec_tokens, cost);
         cfg.max_model_len = cfg
             .max_model_len
