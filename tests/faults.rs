@@ -545,10 +545,12 @@ async fn worker_health(stack: &Stack) -> serde_json::Value {
 }
 
 /// The fault tests compare every request's `speculate_metrics` with an undisturbed run's, so
-/// drafting must not depend on load: the fixed policy.
+/// drafting must depend on nothing but the request: the fixed policy (not the load) and the
+/// n-gram proposer (not other requests' outputs, which the suffix proposer's shared trie holds).
 fn exact_figures() -> StackConfig {
     StackConfig {
         spec_policy: "fixed",
+        proposer: "ngram",
         ..StackConfig::default()
     }
 }

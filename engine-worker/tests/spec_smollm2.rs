@@ -115,6 +115,16 @@ fn run(engine: &mut Engine<CpuBackend>, reqs: &[(Vec<u32>, u32, SamplingParams)]
         .collect()
 }
 
+/// Every run gave each prompt the tokens `plain` gave it.
+fn assert_same_tokens(plain: &[Outcome], runs: &[(&str, &[Outcome])]) {
+    for (label, run) in runs {
+        assert_eq!(run.len(), plain.len(), "{label}");
+        for (i, (got, want)) in run.iter().zip(plain).enumerate() {
+            assert_eq!(got.tokens, want.tokens, "prompt {i}: {label} vs K=0");
+        }
+    }
+}
+
 #[test]
 fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
     let reqs: Vec<_> = prompts()
@@ -124,15 +134,11 @@ fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
     let plain = run(&mut engine(0, 8), &reqs);
     let spec_b8 = run(&mut engine(4, 8), &reqs);
     let spec_b1 = run(&mut engine(4, 1), &reqs);
+    assert_same_tokens(
+        &plain,
+        &[("K=4 batch 8", &spec_b8), ("K=4 batch 1", &spec_b1)],
+    );
     for i in 0..reqs.len() {
-        assert_eq!(
-            spec_b8[i].tokens, plain[i].tokens,
-            "prompt {i}: K=4 batch 8 vs K=0"
-        );
-        assert_eq!(
-            spec_b1[i].tokens, plain[i].tokens,
-            "prompt {i}: K=4 batch 1 vs K=0"
-        );
         assert_eq!(
             spec_b1[i].steps, spec_b8[i].steps,
             "prompt {i}: (drafted, accepted) depend on the batch"
@@ -164,10 +170,7 @@ fn greedy_with_suffix_drafts_matches_plain_greedy() {
     let plain = run(&mut engine(0, 8), &reqs);
     let fixed_b8 = run(&mut suffix(8, SpecPolicy::Fixed), &reqs);
     let goodput_b1 = run(&mut suffix(1, SpecPolicy::Goodput), &reqs);
-    for i in 0..reqs.len() {
-        assert_eq!(fixed_b8[i].tokens, plain[i].tokens, "prompt {i}: batch 8");
-        assert_eq!(goodput_b1[i].tokens, plain[i].tokens, "prompt {i}: batch 1");
-    }
+    assert_same_tokens(&plain, &[("batch 8", &fixed_b8), ("batch 1", &goodput_b1)]);
     let accepted: usize = fixed_b8
         .iter()
         .flat_map(|o| &o.steps)
@@ -186,10 +189,12 @@ fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
     let mut lone = engine_with(4, 1, SpecPolicy::Goodput);
     let goodput_b1 = run(&mut lone, &reqs);
     let goodput_b8 = run(&mut engine_with(4, 8, SpecPolicy::Goodput), &reqs);
-    for i in 0..reqs.len() {
-        assert_eq!(goodput_b1[i].tokens, plain[i].tokens, "prompt {i}: batch 1");
-        assert_eq!(goodput_b8[i].tokens, plain[i].tokens, "prompt {i}: batch 8");
-        assert!(goodput_b8[i].steps.iter().all(|&(d, a)| a <= d && d <= 4));
+    assert_same_tokens(
+        &plain,
+        &[("batch 1", &goodput_b1), ("batch 8", &goodput_b8)],
+    );
+    for o in &goodput_b8 {
+        assert!(o.steps.iter().all(|&(d, a)| a <= d && d <= 4));
     }
     let cost = lone.planner().cost();
     assert!(cost.seconds(1.0) > 0.0 && cost.marginal(1.0) > 0.0);
@@ -222,16 +227,7 @@ fn seeded_sampling_draws_the_tokens_of_plain_sampling_whatever_is_drafted() {
     let plain = run(&mut engine(0, 8), &reqs);
     let ngram = run(&mut engine_with(4, 8, SpecPolicy::Fixed), &reqs);
     let suffix = run(&mut engine_with_suffix(4, 8, SpecPolicy::Fixed), &reqs);
-    for i in 0..reqs.len() {
-        assert_eq!(
-            ngram[i].tokens, plain[i].tokens,
-            "prompt {i}: n-gram vs K=0"
-        );
-        assert_eq!(
-            suffix[i].tokens, plain[i].tokens,
-            "prompt {i}: suffix vs K=0"
-        );
-    }
+    assert_same_tokens(&plain, &[("n-gram", &ngram), ("suffix", &suffix)]);
     let (drafted, accepted) = ngram
         .iter()
         .flat_map(|o| &o.steps)

@@ -43,6 +43,9 @@ pub struct StackConfig {
     /// The worker's `--spec-policy`: `goodput` (the product's default) or `fixed`, for tests
     /// that compare a request's figures with another run's (drafting independent of load).
     pub spec_policy: &'static str,
+    /// The worker's `--proposer`: `suffix` (the product's default) or `ngram`, whose drafts
+    /// depend on nothing but the request's own tokens.
+    pub proposer: &'static str,
     /// Extra arguments per process.
     pub worker_args: Vec<String>,
     pub api_args: Vec<String>,
@@ -56,6 +59,7 @@ impl Default for StackConfig {
         Self {
             num_spec_tokens: 4,
             spec_policy: "goodput",
+            proposer: "suffix",
             worker_args: vec![],
             api_args: vec![],
             tp_args: vec![],
@@ -150,6 +154,7 @@ impl Stack {
                         &self.config.num_spec_tokens.to_string(),
                     ])
                     .args(["--spec-policy", self.config.spec_policy])
+                    .args(["--proposer", self.config.proposer])
                     .args(&self.config.worker_args);
             }
             Proc::ApiServer => {
