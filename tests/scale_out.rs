@@ -121,9 +121,12 @@ impl Cluster {
                 &self.tp_ingest.clone(),
                 "--threads",
                 "1",
-                // The same prompt must give the same figures on either worker.
+                // The same prompt must give the same figures on either worker: drafts that
+                // depend on neither the load nor other requests' outputs.
                 "--spec-policy",
                 "fixed",
+                "--proposer",
+                "ngram",
             ],
         );
         self.workers[i] = Some(child);
