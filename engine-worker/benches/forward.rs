@@ -91,7 +91,7 @@ fn main() {
     options.threads = env_usize("SPECULA_BENCH_THREADS");
     options.isa = std::env::var("SPECULA_BENCH_ISA")
         .ok()
-        .and_then(|v| Isa::parse(&v));
+        .and_then(|v| v.parse::<Isa>().ok());
     let mut backend = CpuBackend::new(model, options).expect("backend");
     println!(
         "model {} | threads {} | isa {:?}",

@@ -84,13 +84,6 @@ impl Distribution {
         &self.support
     }
 
-    pub fn prob(&self, token: u32) -> f64 {
-        self.support
-            .iter()
-            .find(|e| e.0 == token)
-            .map_or(0.0, |e| e.1)
-    }
-
     /// Draws one token.
     pub fn sample(&self, rng: &mut impl Rng) -> u32 {
         let mut u = rng.gen::<f64>();
@@ -136,7 +129,7 @@ mod tests {
         // p(3) = 0.644 under softmax; top-p 0.5 keeps only token 3.
         let d = Distribution::new(&logits, &params(1.0, 0.5, 0));
         assert_eq!(d.support().len(), 1);
-        assert_eq!(d.prob(3), 1.0);
+        assert_eq!(d.support(), &[(3, 1.0)]);
     }
 
     #[test]

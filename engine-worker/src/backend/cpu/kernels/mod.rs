@@ -64,23 +64,19 @@ impl Isa {
             _ => Self::detect(),
         }
     }
-
-    /// Parses `avx512`, `avx2` or `scalar`.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name.to_ascii_lowercase().as_str() {
-            "avx512" => Some(Isa::Avx512),
-            "avx2" => Some(Isa::Avx2),
-            "scalar" => Some(Isa::Scalar),
-            _ => None,
-        }
-    }
 }
 
 impl std::str::FromStr for Isa {
     type Err = String;
 
+    /// Parses `avx512`, `avx2` or `scalar` (any case).
     fn from_str(name: &str) -> Result<Self, String> {
-        Isa::parse(name).ok_or_else(|| format!("unknown ISA {name:?}: avx512, avx2 or scalar"))
+        match name.to_ascii_lowercase().as_str() {
+            "avx512" => Ok(Isa::Avx512),
+            "avx2" => Ok(Isa::Avx2),
+            "scalar" => Ok(Isa::Scalar),
+            _ => Err(format!("unknown ISA {name:?}: avx512, avx2 or scalar")),
+        }
     }
 }
 
