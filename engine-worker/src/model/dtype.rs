@@ -36,6 +36,15 @@ impl WeightType {
         }
     }
 
+    /// f16 parameters at the start of each block: a scale `d`, then for Q4_1 a minimum `m`.
+    pub fn scales_per_block(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 | Self::BF16 => 0,
+            Self::Q8_0 | Self::Q4_0 => 1,
+            Self::Q4_1 => 2,
+        }
+    }
+
     /// Bytes of one row of `cols` elements (`cols` must be a multiple of the block size).
     pub fn row_bytes(self, cols: usize) -> usize {
         let (elems, bytes) = self.block_layout();

@@ -1,7 +1,7 @@
 //! Weight matrices that stay in their stored (possibly quantized) form, borrowed from a file
 //! mapping or an owned buffer.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::dtype::{dequantize_row, WeightType};
 
@@ -33,6 +33,8 @@ pub struct WeightMatrix {
     pub cols: usize,
     blob: Blob,
     offset: usize,
+    /// [`Self::block_scales`], made on first use and shared by clones.
+    scales: Arc<OnceLock<Vec<f32>>>,
 }
 
 impl std::fmt::Debug for WeightMatrix {
@@ -69,6 +71,7 @@ impl WeightMatrix {
             cols,
             blob,
             offset,
+            scales: Arc::default(),
         })
     }
 
@@ -95,6 +98,29 @@ impl WeightMatrix {
     pub fn row(&self, r: usize) -> &[u8] {
         let rb = self.row_bytes();
         &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// The blocks' f16 scales (and, for Q4_1, minimums) as f32, [`WeightType::scales_per_block`]
+    /// per block in row-major block order; empty for unscaled types. Made on first use: SIMD
+    /// kernels broadcast them straight from memory, where converting each block's f16 would
+    /// cost shuffle-port work on every pass over the weights. The values are exact (every f16
+    /// is an f32), so kernels compute the same as from the stored bytes.
+    pub fn block_scales(&self) -> &[f32] {
+        self.scales.get_or_init(|| {
+            let per_block = self.dtype.scales_per_block();
+            let (_, block_bytes) = self.dtype.block_layout();
+            if per_block == 0 {
+                return Vec::new();
+            }
+            self.bytes()
+                .chunks_exact(block_bytes)
+                .flat_map(|block| {
+                    (0..per_block).map(move |i| {
+                        half::f16::from_le_bytes([block[2 * i], block[2 * i + 1]]).to_f32()
+                    })
+                })
+                .collect()
+        })
     }
 
     /// Decodes row `r` into `out` (`cols` elements).

@@ -10,6 +10,7 @@ use crate::model::WeightType;
 pub(super) fn dot_group(
     dtype: WeightType,
     row: &[u8],
+    scales: &[f32],
     group: &GroupInput<'_>,
     n: usize,
     out: &mut [f32; MAX_GROUP],
@@ -18,13 +19,16 @@ pub(super) fn dot_group(
     {
         debug_assert!((1..=MAX_GROUP).contains(&n) && group.x.len() >= n * group.cols);
         debug_assert_eq!(row.len(), dtype.row_bytes(group.cols));
+        debug_assert_eq!(scales.len(), dtype.scales_per_block() * group.cols / 32);
         // SAFETY: the ISA was detected at backend construction; lengths are checked above
-        // (rows hold `cols / 32` whole blocks, `x` holds `n` rows of `cols`).
-        unsafe { imp::dot_group(dtype, row, group, n, out) }
+        // (rows hold `cols / 32` whole blocks, `x` holds `n` rows of `cols`, `scales` the row's
+        // block scales).
+        unsafe { imp::dot_group(dtype, row, scales.as_ptr(), group, n, out) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let mut scratch = Vec::new();
+        let _ = scales;
         super::scalar::dot_group(dtype, row, group, n, out, &mut scratch);
     }
 }
@@ -39,24 +43,20 @@ mod imp {
     /// One stored block format of 32 elements.
     trait Format {
         const BLOCK_BYTES: usize;
-        /// Blocks carry an f16 scale `d` at offset 0.
+        /// f32 parameters per block in the matrix's `block_scales`: a scale `d`, then a minimum.
+        const SCALES: usize;
+        /// The block's dot product is multiplied by its scale `d` (its first f32 parameter).
         const SCALED: bool;
-        /// Blocks carry an f16 minimum `m` at offset 2 (Q4_1).
+        /// `m · Σx` is added, `m` the block's second f32 parameter (Q4_1).
         const HAS_MIN: bool;
         /// The 32 block values before scaling, as four 8-lane vectors.
         unsafe fn load(p: *const u8) -> [__m256; 4];
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    }
-
     struct F32;
     impl Format for F32 {
         const BLOCK_BYTES: usize = 128;
+        const SCALES: usize = 0;
         const SCALED: bool = false;
         const HAS_MIN: bool = false;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -75,6 +75,7 @@ mod imp {
     struct F16;
     impl Format for F16 {
         const BLOCK_BYTES: usize = 64;
+        const SCALES: usize = 0;
         const SCALED: bool = false;
         const HAS_MIN: bool = false;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -88,6 +89,7 @@ mod imp {
     struct Bf16;
     impl Format for Bf16 {
         const BLOCK_BYTES: usize = 64;
+        const SCALES: usize = 0;
         const SCALED: bool = false;
         const HAS_MIN: bool = false;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -105,6 +107,7 @@ mod imp {
     struct Q8_0;
     impl Format for Q8_0 {
         const BLOCK_BYTES: usize = 34;
+        const SCALES: usize = 1;
         const SCALED: bool = true;
         const HAS_MIN: bool = false;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -134,6 +137,7 @@ mod imp {
     struct Q4_0;
     impl Format for Q4_0 {
         const BLOCK_BYTES: usize = 18;
+        const SCALES: usize = 1;
         const SCALED: bool = true;
         const HAS_MIN: bool = false;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -155,6 +159,7 @@ mod imp {
     struct Q4_1;
     impl Format for Q4_1 {
         const BLOCK_BYTES: usize = 20;
+        const SCALES: usize = 2;
         const SCALED: bool = true;
         const HAS_MIN: bool = true;
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -192,6 +197,7 @@ mod imp {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot<F: Format, const N: usize>(
         row: *const u8,
+        scales: *const f32,
         group: &GroupInput<'_>,
         out: &mut [f32; MAX_GROUP],
     ) {
@@ -206,10 +212,9 @@ mod imp {
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
                 let b = $b;
-                let p = row.add(b * F::BLOCK_BYTES);
-                let q = F::load(p);
+                let q = F::load(row.add(b * F::BLOCK_BYTES));
                 let d = if F::SCALED {
-                    _mm256_set1_ps(f16_at(p))
+                    _mm256_set1_ps(*scales.add(b * F::SCALES))
                 } else {
                     _mm256_setzero_ps()
                 };
@@ -232,7 +237,7 @@ mod imp {
         let mut min_terms = [0f32; N];
         if F::HAS_MIN {
             for b in 0..blocks {
-                let m = f16_at(row.add(b * F::BLOCK_BYTES + 2));
+                let m = *scales.add(b * F::SCALES + 1);
                 for (t, term) in min_terms.iter_mut().enumerate() {
                     *term += m * *sums.add(t * blocks + b);
                 }
@@ -244,16 +249,16 @@ mod imp {
     }
 
     macro_rules! by_group_size {
-        ($fmt:ty, $row:expr, $group:expr, $n:expr, $out:expr) => {
+        ($fmt:ty, $row:expr, $scales:expr, $group:expr, $n:expr, $out:expr) => {
             match $n {
-                1 => dot::<$fmt, 1>($row, $group, $out),
-                2 => dot::<$fmt, 2>($row, $group, $out),
-                3 => dot::<$fmt, 3>($row, $group, $out),
-                4 => dot::<$fmt, 4>($row, $group, $out),
-                5 => dot::<$fmt, 5>($row, $group, $out),
-                6 => dot::<$fmt, 6>($row, $group, $out),
-                7 => dot::<$fmt, 7>($row, $group, $out),
-                _ => dot::<$fmt, 8>($row, $group, $out),
+                1 => dot::<$fmt, 1>($row, $scales, $group, $out),
+                2 => dot::<$fmt, 2>($row, $scales, $group, $out),
+                3 => dot::<$fmt, 3>($row, $scales, $group, $out),
+                4 => dot::<$fmt, 4>($row, $scales, $group, $out),
+                5 => dot::<$fmt, 5>($row, $scales, $group, $out),
+                6 => dot::<$fmt, 6>($row, $scales, $group, $out),
+                7 => dot::<$fmt, 7>($row, $scales, $group, $out),
+                _ => dot::<$fmt, 8>($row, $scales, $group, $out),
             }
         };
     }
@@ -264,18 +269,19 @@ mod imp {
     pub(super) unsafe fn dot_group(
         dtype: WeightType,
         row: &[u8],
+        scales: *const f32,
         group: &GroupInput<'_>,
         n: usize,
         out: &mut [f32; MAX_GROUP],
     ) {
         let row = row.as_ptr();
         match dtype {
-            WeightType::F32 => by_group_size!(F32, row, group, n, out),
-            WeightType::F16 => by_group_size!(F16, row, group, n, out),
-            WeightType::BF16 => by_group_size!(Bf16, row, group, n, out),
-            WeightType::Q8_0 => by_group_size!(Q8_0, row, group, n, out),
-            WeightType::Q4_0 => by_group_size!(Q4_0, row, group, n, out),
-            WeightType::Q4_1 => by_group_size!(Q4_1, row, group, n, out),
+            WeightType::F32 => by_group_size!(F32, row, scales, group, n, out),
+            WeightType::F16 => by_group_size!(F16, row, scales, group, n, out),
+            WeightType::BF16 => by_group_size!(Bf16, row, scales, group, n, out),
+            WeightType::Q8_0 => by_group_size!(Q8_0, row, scales, group, n, out),
+            WeightType::Q4_0 => by_group_size!(Q4_0, row, scales, group, n, out),
+            WeightType::Q4_1 => by_group_size!(Q4_1, row, scales, group, n, out),
         }
     }
 }
