@@ -126,8 +126,10 @@ pub(crate) fn matmul_rows(
     debug_assert_eq!(x.len(), tokens * cols);
     debug_assert_eq!(out.len(), rows.len() * tokens);
     let isa = isa_for(isa, w);
-    let scales = w.block_scales();
+    let rb = w.row_bytes();
+    let row_bytes = &w.bytes()[rows.start * rb..rows.end * rb];
     let scales_per_row = w.dtype.scales_per_block() * (cols / QK);
+    let row_scales = &w.block_scales()[rows.start * scales_per_row..rows.end * scales_per_row];
     let mut scratch = Vec::new();
     let mut start = 0;
     while start < tokens {
@@ -141,18 +143,24 @@ pub(crate) fn matmul_rows(
             },
             cols,
         };
-        for (i, r) in rows.clone().enumerate() {
-            let row = w.row(r);
-            let row_scales = &scales[r * scales_per_row..(r + 1) * scales_per_row];
-            let mut res = [0f32; MAX_GROUP];
-            match isa {
-                Isa::Avx512 => avx512::dot_group(w.dtype, row, row_scales, &group, n, &mut res),
-                Isa::Avx2 => avx2::dot_group(w.dtype, row, row_scales, &group, n, &mut res),
-                Isa::Scalar => scalar::dot_group(w.dtype, row, &group, n, &mut res, &mut scratch),
+        let out = &mut out[start..];
+        match isa {
+            Isa::Avx512 => {
+                avx512::dot_group_rows(w.dtype, row_bytes, row_scales, &group, n, out, tokens)
             }
-            // A plain loop: `copy_from_slice` would call memcpy for every (often 4-byte) row.
-            for (o, r) in out[i * tokens + start..].iter_mut().zip(&res[..n]) {
-                *o = *r;
+            Isa::Avx2 => {
+                avx2::dot_group_rows(w.dtype, row_bytes, row_scales, &group, n, out, tokens)
+            }
+            Isa::Scalar => {
+                for (i, row) in row_bytes.chunks_exact(rb).enumerate() {
+                    let mut res = [0f32; MAX_GROUP];
+                    scalar::dot_group(w.dtype, row, &group, n, &mut res, &mut scratch);
+                    // A plain loop: `copy_from_slice` would call memcpy for every (often 4-byte)
+                    // row.
+                    for (o, r) in out[i * tokens..].iter_mut().zip(&res[..n]) {
+                        *o = *r;
+                    }
+                }
             }
         }
         start += n;
