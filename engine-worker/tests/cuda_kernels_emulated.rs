@@ -2,7 +2,7 @@
 //! the CUDA execution model (`tests/cuda_emu/emu.h`: one real thread per CUDA thread, barriers
 //! for `__syncthreads` and warp shuffles) and checks each against a plain reference
 //! (`tests/cuda_emu/driver.cpp`). Needs a C++20 compiler but no GPU and no CUDA, so the kernels'
-//! logic (indexing, reductions, the attention's online softmax, the sampling scan, acceptance)
+//! logic (indexing, reductions, the attention's online softmax, argmax, greedy acceptance)
 //! is tested on every machine; the GPU tests in cuda_parity.rs check the real thing.
 //!
 //! Without a C++ compiler the test prints why and passes, unless SPECULA_REQUIRE_EMULATOR=1.

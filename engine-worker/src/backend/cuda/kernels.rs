@@ -57,12 +57,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "sampling.cu",
         source: include_str!("../../../kernels/sampling.cu"),
-        functions: &["argmax_rows", "softmax_stats", "sample_rows"],
+        functions: &["argmax_rows"],
     },
     KernelFile {
         name: "acceptance.cu",
         source: include_str!("../../../kernels/acceptance.cu"),
-        functions: &["greedy_accept", "sampled_accept", "finish_sampled"],
+        functions: &["greedy_accept"],
     },
     KernelFile {
         name: "init.cu",

@@ -31,7 +31,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 pub use batch::MetaLayout;
 pub use device::{device_count, missing_libraries, parse_cuda_device};
 pub use forward::MAX_HEAD_DIM;
-pub use verify::{SeqSampling, StepTimings};
+pub use verify::StepTimings;
 
 use self::device::unavailable;
 use self::forward::Workspace;
@@ -255,7 +255,7 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Verdict>, EngineError> {
         check_choices(seqs, choices)?;
         if choices.iter().all(|c| is_greedy(c.sampling)) {
-            return self.verify_on_device(seqs, None);
+            return self.verify_on_device(seqs);
         }
         forward_then_verify_on_host(self, seqs, choices)
     }
