@@ -3,63 +3,16 @@
 //! straight to scaled values through a 16-entry `vpermps` table. With 32 registers each
 //! token gets two accumulators (even/odd blocks) to hide FMA latency.
 
-use super::{GroupInput, MAX_GROUP};
-use crate::model::WeightType;
-
-/// `out[i * stride + t] = row_i · x[t]` for the first `n` tokens of `group` and each row in
-/// `rows` (whole rows of `group.cols` elements of `dtype`, `scales` their block scales). Only
-/// called when the CPU has AVX-512F, AVX2, FMA and F16C ([`super::Isa::detect`]).
-pub(super) fn dot_group_rows(
-    dtype: WeightType,
-    rows: &[u8],
-    scales: &[f32],
-    group: &GroupInput<'_>,
-    n: usize,
-    out: &mut [f32],
-    stride: usize,
-) {
-    let row_bytes = dtype.row_bytes(group.cols);
-    let count = rows.len() / row_bytes;
-    assert!(
-        (1..=MAX_GROUP).contains(&n)
-            && n <= stride
-            && group.x.len() >= n * group.cols
-            && rows.len() == count * row_bytes
-            && scales.len() == count * dtype.scales_per_block() * (group.cols / 32)
-            && (count == 0 || out.len() >= (count - 1) * stride + n),
-        "row-dot shapes"
-    );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the ISA was detected at backend construction; the lengths are checked above.
-    unsafe {
-        imp::dot_group_rows(
-            dtype,
-            rows.as_ptr(),
-            count,
-            scales.as_ptr(),
-            group,
-            n,
-            out.as_mut_ptr(),
-            stride,
-        )
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = scales;
-        let mut scratch = Vec::new();
-        for (i, row) in rows.chunks_exact(row_bytes).enumerate() {
-            let mut res = [0f32; MAX_GROUP];
-            super::scalar::dot_group(dtype, row, group, n, &mut res, &mut scratch);
-            out[i * stride..i * stride + n].copy_from_slice(&res[..n]);
-        }
-    }
-}
+/// The row-range kernel ([`super::row_range_kernels`]); only called when the CPU has the
+/// instruction set ([`super::Isa::detect`]).
+#[cfg(target_arch = "x86_64")]
+pub(super) use imp::dot_group_rows;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::{GroupInput, MAX_GROUP};
+    use super::super::{GroupInput, RowRange, MAX_GROUP};
     use crate::model::{WeightType, QK};
 
     /// One stored block format of 32 elements.
@@ -288,70 +241,5 @@ mod imp {
         }
     }
 
-    /// [`dot`] for `count` consecutive rows, row `i`'s results to `out[i * stride..][..N]`: one
-    /// call per token group and row range, not per row.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_rows<F: Format, const N: usize>(
-        rows: *const u8,
-        count: usize,
-        scales: *const f32,
-        group: &GroupInput<'_>,
-        out: *mut f32,
-        stride: usize,
-    ) {
-        let blocks = group.cols / QK;
-        let mut res = [0f32; MAX_GROUP];
-        for i in 0..count {
-            dot::<F, N>(
-                rows.add(i * blocks * F::BLOCK_BYTES),
-                scales.add(i * blocks * F::SCALES),
-                group,
-                &mut res,
-            );
-            for (t, r) in res.iter().enumerate().take(N) {
-                *out.add(i * stride + t) = *r;
-            }
-        }
-    }
-
-    macro_rules! by_group_size {
-        ($fmt:ty, $n:expr, $($arg:expr),*) => {
-            match $n {
-                1 => dot_rows::<$fmt, 1>($($arg),*),
-                2 => dot_rows::<$fmt, 2>($($arg),*),
-                3 => dot_rows::<$fmt, 3>($($arg),*),
-                4 => dot_rows::<$fmt, 4>($($arg),*),
-                5 => dot_rows::<$fmt, 5>($($arg),*),
-                6 => dot_rows::<$fmt, 6>($($arg),*),
-                7 => dot_rows::<$fmt, 7>($($arg),*),
-                _ => dot_rows::<$fmt, 8>($($arg),*),
-            }
-        };
-    }
-
-    /// # Safety
-    /// AVX-512F, AVX2, FMA and F16C must be available; `rows` holds `count` rows of `group.cols / 32` blocks of
-    /// `dtype` and `scales` their block scales; `group.x` holds `n` rows of `cols` (and
-    /// `group.sums` `n` rows of `cols / 32` for Q4_1); `out` has room for `count` rows of
-    /// `stride >= n`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dot_group_rows(
-        dtype: WeightType,
-        rows: *const u8,
-        count: usize,
-        scales: *const f32,
-        group: &GroupInput<'_>,
-        n: usize,
-        out: *mut f32,
-        stride: usize,
-    ) {
-        match dtype {
-            WeightType::F32 => by_group_size!(F32, n, rows, count, scales, group, out, stride),
-            WeightType::F16 => by_group_size!(F16, n, rows, count, scales, group, out, stride),
-            WeightType::BF16 => by_group_size!(Bf16, n, rows, count, scales, group, out, stride),
-            WeightType::Q8_0 => by_group_size!(Q8_0, n, rows, count, scales, group, out, stride),
-            WeightType::Q4_0 => by_group_size!(Q4_0, n, rows, count, scales, group, out, stride),
-            WeightType::Q4_1 => by_group_size!(Q4_1, n, rows, count, scales, group, out, stride),
-        }
-    }
+    super::super::row_range_kernels!("avx512f,avx2,fma,f16c");
 }

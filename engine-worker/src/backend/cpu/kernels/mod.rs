@@ -11,6 +11,69 @@
 //! plain load, while converting and broadcasting each block's f16 took four shuffle-port
 //! instructions, which bounded the one-token kernels (4.7 → 1.9 ns per Q4_1 block on AVX-512).
 
+/// A SIMD module's row-range entry point, written once and expanded inside each module's `imp`
+/// (where its `Format`, `dot` and block formats are in scope): `dot_group_rows` runs
+/// `dot::<F, N>` over consecutive rows, one call per token group rather than one per row.
+macro_rules! row_range_kernels {
+    ($features:literal) => {
+        /// [`dot`] for every row of `range`, row `i`'s results to `out[i * stride..][..N]`.
+        #[target_feature(enable = $features)]
+        unsafe fn dot_rows<F: Format, const N: usize>(range: RowRange, group: &GroupInput<'_>) {
+            let blocks = group.cols / QK;
+            let mut res = [0f32; MAX_GROUP];
+            for i in 0..range.count {
+                dot::<F, N>(
+                    range.rows.add(i * blocks * F::BLOCK_BYTES),
+                    range.scales.add(i * blocks * F::SCALES),
+                    group,
+                    &mut res,
+                );
+                for (t, r) in res.iter().enumerate().take(N) {
+                    *range.out.add(i * range.stride + t) = *r;
+                }
+            }
+        }
+
+        /// [`dot_rows`] for a group of `n` (1 to `MAX_GROUP`) tokens.
+        #[target_feature(enable = $features)]
+        unsafe fn dot_rows_of<F: Format>(n: usize, range: RowRange, group: &GroupInput<'_>) {
+            match n {
+                1 => dot_rows::<F, 1>(range, group),
+                2 => dot_rows::<F, 2>(range, group),
+                3 => dot_rows::<F, 3>(range, group),
+                4 => dot_rows::<F, 4>(range, group),
+                5 => dot_rows::<F, 5>(range, group),
+                6 => dot_rows::<F, 6>(range, group),
+                7 => dot_rows::<F, 7>(range, group),
+                _ => dot_rows::<F, 8>(range, group),
+            }
+        }
+
+        /// `out[i * stride + t] = row_i · x[t]` for the first `n` tokens of `group` and every
+        /// row of `range`.
+        ///
+        /// # Safety
+        /// The module's instruction set must be available, and `range` must describe real
+        /// memory as [`RowRange`] says for `dtype`, `group` and `n` (see `check_row_range`).
+        pub(crate) unsafe fn dot_group_rows(
+            dtype: WeightType,
+            range: RowRange,
+            group: &GroupInput<'_>,
+            n: usize,
+        ) {
+            match dtype {
+                WeightType::F32 => dot_rows_of::<F32>(n, range, group),
+                WeightType::F16 => dot_rows_of::<F16>(n, range, group),
+                WeightType::BF16 => dot_rows_of::<Bf16>(n, range, group),
+                WeightType::Q8_0 => dot_rows_of::<Q8_0>(n, range, group),
+                WeightType::Q4_0 => dot_rows_of::<Q4_0>(n, range, group),
+                WeightType::Q4_1 => dot_rows_of::<Q4_1>(n, range, group),
+            }
+        }
+    };
+}
+use row_range_kernels;
+
 mod avx2;
 mod avx512;
 mod scalar;
@@ -145,13 +208,27 @@ pub(crate) fn matmul_rows(
         };
         let out = &mut out[start..];
         match isa {
-            Isa::Avx512 => {
-                avx512::dot_group_rows(w.dtype, row_bytes, row_scales, &group, n, out, tokens)
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 | Isa::Avx2 => {
+                check_row_range(w.dtype, row_bytes, row_scales, &group, n, out, tokens);
+                let range = RowRange {
+                    rows: row_bytes.as_ptr(),
+                    count: rows.len(),
+                    scales: row_scales.as_ptr(),
+                    out: out.as_mut_ptr(),
+                    stride: tokens,
+                };
+                // SAFETY: the ISA was detected at backend construction (`isa_for` keeps it only
+                // for whole blocks), and `check_row_range` checked every length.
+                unsafe {
+                    if isa == Isa::Avx512 {
+                        avx512::dot_group_rows(w.dtype, range, &group, n)
+                    } else {
+                        avx2::dot_group_rows(w.dtype, range, &group, n)
+                    }
+                }
             }
-            Isa::Avx2 => {
-                avx2::dot_group_rows(w.dtype, row_bytes, row_scales, &group, n, out, tokens)
-            }
-            Isa::Scalar => {
+            _ => {
                 for (i, row) in row_bytes.chunks_exact(rb).enumerate() {
                     let mut res = [0f32; MAX_GROUP];
                     scalar::dot_group(w.dtype, row, &group, n, &mut res, &mut scratch);
@@ -165,6 +242,43 @@ pub(crate) fn matmul_rows(
         }
         start += n;
     }
+}
+
+/// Consecutive weight rows for the SIMD kernels: `count` rows of one matrix from `rows`, their
+/// block scales from `scales`, row `i`'s results to `out[i * stride..]`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowRange {
+    rows: *const u8,
+    count: usize,
+    scales: *const f32,
+    out: *mut f32,
+    stride: usize,
+}
+
+/// The shapes the SIMD `dot_group_rows` relies on: `n` tokens in the group, whole rows with their
+/// scales, room for every row's results at `stride`.
+#[cfg(target_arch = "x86_64")]
+fn check_row_range(
+    dtype: WeightType,
+    rows: &[u8],
+    scales: &[f32],
+    group: &GroupInput<'_>,
+    n: usize,
+    out: &[f32],
+    stride: usize,
+) {
+    let row_bytes = dtype.row_bytes(group.cols);
+    let count = rows.len() / row_bytes;
+    assert!(
+        (1..=MAX_GROUP).contains(&n)
+            && n <= stride
+            && group.cols.is_multiple_of(QK)
+            && group.x.len() >= n * group.cols
+            && rows.len() == count * row_bytes
+            && scales.len() == count * dtype.scales_per_block() * (group.cols / QK)
+            && (count == 0 || out.len() >= (count - 1) * stride + n),
+        "row-dot shapes"
+    );
 }
 
 /// A group of up to [`MAX_GROUP`] tokens' activations.

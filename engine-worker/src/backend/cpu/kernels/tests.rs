@@ -150,7 +150,8 @@ fn kernel_throughput() {
                     one_token_ns = per_block_ns;
                 }
                 println!(
-                    "{dtype} {rows}x{cols} {isa:?} tokens {tokens:2}: {:.2} ns/block/token, {:.2} ns/block per token past the first",
+                    "{dtype} {rows}x{cols} {isa:?} tokens {tokens:2}: {:.2} ns/block/token, \
+                     {:.2} ns/block per token past the first",
                     per_block_ns / tokens as f64,
                     (per_block_ns - one_token_ns) / (tokens as f64 - 1.0).max(1.0),
                 );
