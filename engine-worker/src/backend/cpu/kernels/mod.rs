@@ -54,7 +54,7 @@ macro_rules! row_range_kernels {
         ///
         /// # Safety
         /// The module's instruction set must be available, and `range` must describe real
-        /// memory as [`RowRange`] says for `dtype`, `group` and `n` (see `check_row_range`).
+        /// memory as [`RowRange`] says for `dtype`, `group` and `n` (see `RowRange::new`).
         pub(crate) unsafe fn dot_group_rows(
             dtype: WeightType,
             range: RowRange,
@@ -192,7 +192,8 @@ pub(crate) fn matmul_rows(
     let rb = w.row_bytes();
     let row_bytes = &w.bytes()[rows.start * rb..rows.end * rb];
     let scales_per_row = w.dtype.scales_per_block() * (cols / QK);
-    let row_scales = &w.block_scales()[rows.start * scales_per_row..rows.end * scales_per_row];
+    // Only the SIMD paths read the f32 scales; the portable one never makes them.
+    let row_scales = || &w.block_scales()[rows.start * scales_per_row..rows.end * scales_per_row];
     let mut scratch = Vec::new();
     let mut start = 0;
     while start < tokens {
@@ -210,16 +211,9 @@ pub(crate) fn matmul_rows(
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Avx2 => {
-                check_row_range(w.dtype, row_bytes, row_scales, &group, n, out, tokens);
-                let range = RowRange {
-                    rows: row_bytes.as_ptr(),
-                    count: rows.len(),
-                    scales: row_scales.as_ptr(),
-                    out: out.as_mut_ptr(),
-                    stride: tokens,
-                };
+                let range = RowRange::new(w.dtype, row_bytes, row_scales(), &group, n, out, tokens);
                 // SAFETY: the ISA was detected at backend construction (`isa_for` keeps it only
-                // for whole blocks), and `check_row_range` checked every length.
+                // for whole blocks), and `RowRange::new` checked every length.
                 unsafe {
                     if isa == Isa::Avx512 {
                         avx512::dot_group_rows(w.dtype, range, &group, n)
@@ -255,30 +249,40 @@ pub(crate) struct RowRange {
     stride: usize,
 }
 
-/// The shapes the SIMD `dot_group_rows` relies on: `n` tokens in the group, whole rows with their
-/// scales, room for every row's results at `stride`.
-#[cfg(target_arch = "x86_64")]
-fn check_row_range(
-    dtype: WeightType,
-    rows: &[u8],
-    scales: &[f32],
-    group: &GroupInput<'_>,
-    n: usize,
-    out: &[f32],
-    stride: usize,
-) {
-    let row_bytes = dtype.row_bytes(group.cols);
-    let count = rows.len() / row_bytes;
-    assert!(
-        (1..=MAX_GROUP).contains(&n)
-            && n <= stride
-            && group.cols.is_multiple_of(QK)
-            && group.x.len() >= n * group.cols
-            && rows.len() == count * row_bytes
-            && scales.len() == count * dtype.scales_per_block() * (group.cols / QK)
-            && (count == 0 || out.len() >= (count - 1) * stride + n),
-        "row-dot shapes"
-    );
+impl RowRange {
+    /// The range over `rows` (whole rows of `dtype`), `scales` and `out`, after checking the
+    /// shapes the SIMD `dot_group_rows` relies on: `n` tokens in the group, whole rows with
+    /// their scales, room for every row's results at `stride`.
+    #[cfg(target_arch = "x86_64")]
+    fn new(
+        dtype: WeightType,
+        rows: &[u8],
+        scales: &[f32],
+        group: &GroupInput<'_>,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) -> Self {
+        let row_bytes = dtype.row_bytes(group.cols);
+        let count = rows.len() / row_bytes;
+        assert!(
+            (1..=MAX_GROUP).contains(&n)
+                && n <= stride
+                && group.cols.is_multiple_of(QK)
+                && group.x.len() >= n * group.cols
+                && rows.len() == count * row_bytes
+                && scales.len() == count * dtype.scales_per_block() * (group.cols / QK)
+                && (count == 0 || out.len() >= (count - 1) * stride + n),
+            "row-dot shapes"
+        );
+        Self {
+            rows: rows.as_ptr(),
+            count,
+            scales: scales.as_ptr(),
+            out: out.as_mut_ptr(),
+            stride,
+        }
+    }
 }
 
 /// A group of up to [`MAX_GROUP`] tokens' activations.
