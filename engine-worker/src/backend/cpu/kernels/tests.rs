@@ -131,16 +131,19 @@ fn kernel_throughput() {
         for isa in supported_isas().into_iter().filter(|&i| i != Isa::Scalar) {
             let mut one_token_ns = 0.0;
             for tokens in [1, 8, 9, 16, 24, 40] {
-                let x: Vec<f32> = (0..tokens * cols)
+                let xs: Vec<f32> = (0..tokens * cols + 32)
                     .map(|_| rng.gen_range(-1.0..1.0))
                     .collect();
-                let sums = block_sums(&x);
+                // On a cache line, as `matmul` hands it to the kernels.
+                let skip = (64 - xs.as_ptr() as usize % 64) % 64 / 4;
+                let x = &xs[skip..skip + tokens * cols];
+                let sums = block_sums(x);
                 let mut out = vec![0.0; rows * tokens];
                 let mut fastest = f64::INFINITY;
                 for _ in 0..9 {
                     let start = std::time::Instant::now();
                     for w in &ws {
-                        matmul_rows(isa, w, 0..rows, &x, &sums, tokens, &mut out);
+                        matmul_rows(isa, w, 0..rows, x, &sums, tokens, &mut out);
                     }
                     fastest = fastest.min(start.elapsed().as_secs_f64());
                 }
