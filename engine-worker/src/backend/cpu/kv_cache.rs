@@ -1,6 +1,7 @@
 //! Paged KV cache memory: per layer, keys and values as `[block, kv_head, slot, head_dim]` f32,
 //! so one block of one KV head is a contiguous `[block_size, head_dim]` tile for attention.
 
+use super::aligned::LineBuf;
 use crate::model::ModelConfig;
 use crate::EngineError;
 
@@ -9,9 +10,10 @@ pub(crate) struct KvCache {
     pub num_blocks: usize,
     kv_heads: usize,
     head_dim: usize,
-    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`, on a cache line (with
+    /// `head_dim` a multiple of 16, so is every key and value row attention loads).
+    keys: Vec<LineBuf>,
+    values: Vec<LineBuf>,
 }
 
 impl KvCache {
@@ -40,8 +42,8 @@ impl KvCache {
         // without touching every page an oversized cache would fail mid-run instead of at start,
         // and RSS would creep up as blocks are first used.
         let layer = || {
-            let mut cache = vec![0f32; per_layer];
-            prefault(&mut cache);
+            let mut cache = LineBuf::zeroed(per_layer);
+            prefault(cache.as_mut_slice());
             cache
         };
         Ok(Self {
@@ -63,8 +65,9 @@ impl KvCache {
         let hd = self.head_dim;
         for h in 0..self.kv_heads {
             let at = self.offset(block, h, slot);
-            self.keys[layer][at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
-            self.values[layer][at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            self.keys[layer].as_mut_slice()[at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            self.values[layer].as_mut_slice()[at..at + hd]
+                .copy_from_slice(&v[h * hd..(h + 1) * hd]);
         }
     }
 
@@ -73,8 +76,8 @@ impl KvCache {
         let at = self.offset(block, kv_head, 0);
         let len = self.block_size * self.head_dim;
         (
-            &self.keys[layer][at..at + len],
-            &self.values[layer][at..at + len],
+            &self.keys[layer].as_slice()[at..at + len],
+            &self.values[layer].as_slice()[at..at + len],
         )
     }
 }

@@ -1,14 +1,11 @@
 //! Multi-threaded `y = x · Wᵀ` for one or more weight matrices sharing an input: the output
 //! rows of all matrices are cut into tasks that rayon spreads over the pool. A row's result
 //! does not depend on how rows are split (see `kernels`).
-//!
-//! The input is handed to the kernels starting on a cache line: their 64-byte vector loads
-//! read each token's activations block by block, and from a `Vec<f32>` (16-byte aligned) every
-//! such load spans two lines. That doubled the per-token cost of a step (Q4_1 1536×576, 8
-//! tokens: 0.93–1.23 against 0.61 ns per block per token), which is what drafts pay.
+//! The input reaches the kernels on a cache line ([`LineAligned`]).
 
 use rayon::prelude::*;
 
+use super::aligned::LineAligned;
 use super::kernels::{block_sums, matmul_rows, Isa};
 use crate::model::{WeightMatrix, WeightType};
 
@@ -76,69 +73,6 @@ pub(crate) fn matmul(isa: Isa, x: &[f32], tokens: usize, jobs: &mut [Job<'_>]) {
                     job.out[t * rows + r] = *v;
                 }
             }
-        }
-    }
-}
-
-/// One cache line of f32s; a `Vec` of them starts on a line.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct CacheLine([f32; 16]);
-
-/// A slice that starts on a cache line: the input itself when it does, else a copy (a step's
-/// input is a few KiB per token, next to megabytes of weights read per call).
-enum LineAligned<'a> {
-    Borrowed(&'a [f32]),
-    Copied { lines: Vec<CacheLine>, len: usize },
-}
-
-impl<'a> LineAligned<'a> {
-    fn new(x: &'a [f32]) -> Self {
-        if (x.as_ptr() as usize).is_multiple_of(std::mem::align_of::<CacheLine>()) {
-            return LineAligned::Borrowed(x);
-        }
-        let lines = x
-            .chunks(16)
-            .map(|chunk| {
-                let mut line = [0f32; 16];
-                line[..chunk.len()].copy_from_slice(chunk);
-                CacheLine(line)
-            })
-            .collect();
-        LineAligned::Copied {
-            lines,
-            len: x.len(),
-        }
-    }
-
-    fn as_slice(&self) -> &[f32] {
-        match self {
-            LineAligned::Borrowed(x) => x,
-            LineAligned::Copied { lines, len } => {
-                // SAFETY: `CacheLine` is `repr(C)` around `[f32; 16]` (size 64, no padding), so
-                // `lines` is `16 * lines.len() >= len` initialized, contiguous f32s.
-                unsafe { std::slice::from_raw_parts(lines.as_ptr().cast::<f32>(), *len) }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::LineAligned;
-
-    #[test]
-    fn the_kernels_input_starts_on_a_cache_line_with_the_same_values() {
-        let backing: Vec<f32> = (0..200).map(|i| i as f32 * 0.5).collect();
-        for offset in 0..16 {
-            let x = &backing[offset..offset + 150];
-            let aligned = LineAligned::new(x);
-            assert_eq!(
-                aligned.as_slice().as_ptr() as usize % 64,
-                0,
-                "offset {offset}"
-            );
-            assert_eq!(aligned.as_slice(), x);
         }
     }
 }

@@ -4,6 +4,7 @@
 //! the fly ([`kernels`]). The paged KV cache is f32 ([`kv_cache`]). Every sequence's logits
 //! are bit-identical whatever else shares its batch.
 
+mod aligned;
 mod attention;
 mod kernels;
 mod kv_cache;
