@@ -25,7 +25,9 @@ Usage:
   serving.py --url http://127.0.0.1:8000 --workload sharegpt --num-prompts 40 \\
       --concurrency 4 --out result.json [--label NAME]
   serving.py --compare A.json B.json ...    # greedy texts identical prompt by prompt, else exit 1
-  serving.py --table NAME=FILE ... [--baseline NAME ...]   # markdown table with ratios
+  serving.py --table NAME=FILE[,FILE...] ... [--baseline NAME ...]
+                                            # markdown table with ratios; several files per
+                                            # NAME are rounds: medians, ratios paired by round
 Exit status 1 when any request failed (HTTP error, error event, stream without [DONE]).
 """
 
@@ -586,12 +588,33 @@ def cmd_compare(files):
     return 0
 
 
-def cmd_table(specs, baselines):
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def table_entries(specs):
+    """[(NAME, [summary per round])] from NAME=FILE[,FILE...] specs; every server needs the
+    same number of rounds, since ratios pair a server's round with its baseline's."""
     entries = []
     for spec in specs:
-        name, _, path = spec.partition("=")
-        with open(path) as fh:
-            entries.append((name, json.load(fh)["summary"]))
+        name, _, paths = spec.partition("=")
+        summaries = []
+        for path in paths.split(","):
+            with open(path) as fh:
+                summaries.append(json.load(fh)["summary"])
+        entries.append((name, summaries))
+    if len({len(s) for _, s in entries}) > 1:
+        sys.exit("serving: --table: every server needs the same number of rounds")
+    return entries
+
+
+def cmd_table(specs, baselines):
+    entries = table_entries(specs)
+    rounds = len(entries[0][1])
     by_name = dict(entries)
     cols = [("output tok/s", "output_throughput", 1), ("req/s", "request_throughput", 3),
             ("TTFT p50 ms", "p50_ttft_ms", 1), ("TTFT p99 ms", "p99_ttft_ms", 1),
@@ -604,19 +627,37 @@ def cmd_table(specs, baselines):
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
 
-    def ratio(a, b):
-        return f"{a / b:.2f}x" if a is not None and b else "-"
+    def ratio(runs, base_runs, key):
+        # Round by round (a server and its baseline ran minutes apart), then the median.
+        per_round = [a.get(key) / b.get(key) for a, b in zip(runs, base_runs)
+                     if a.get(key) is not None and b.get(key)]
+        r = median(per_round)
+        return "-" if r is None else f"{r:.2f}x"
 
-    for name, s in entries:
-        busy = s.get("cpu_busy_before")
-        row = ([name] + [fmt(s.get(k), d) for _, k, d in cols]
-               + [str(s.get("errors")), "-" if busy is None else f"{busy:.0%}"])
+    for name, runs in entries:
+        busy = [r.get("cpu_busy_before") for r in runs if r.get("cpu_busy_before") is not None]
+        row = ([name] + [fmt(median(r.get(k) for r in runs), d) for _, k, d in cols]
+               + [str(sum(r.get("errors") or 0 for r in runs)),
+                  f"{max(busy):.0%}" if busy else "-"])
         for b in bases:
-            bs = by_name[b]
-            row += [ratio(s.get("output_throughput"), bs.get("output_throughput")),
-                    ratio(s.get("request_throughput"), bs.get("request_throughput")),
-                    ratio(s.get("p50_tpot_ms"), bs.get("p50_tpot_ms"))]
+            row += [ratio(runs, by_name[b], k)
+                    for k in ("output_throughput", "request_throughput", "p50_tpot_ms")]
         print("| " + " | ".join(row) + " |")
+    if rounds > 1:
+        print()
+        print(f"Each figure is the median over {rounds} rounds (every round runs every server "
+              f"in turn), errors their sum, CPU busy the highest; a ratio is the median of the "
+              f"rounds' ratios.")
+        for b in bases:
+            per_round = []
+            for name, runs in entries:
+                if name == b:
+                    continue
+                r = [f"{a['output_throughput'] / x['output_throughput']:.2f}x"
+                     if a.get("output_throughput") and x.get("output_throughput") else "-"
+                     for a, x in zip(runs, by_name[b])]
+                per_round.append(f"{name} {', '.join(r)}")
+            print(f"Output tok/s vs {b}, round by round: {'; '.join(per_round)}.")
     if bases:
         print()
         print("Ratios are this server's value / the baseline's (TPOT: lower is better). "
@@ -644,8 +685,9 @@ def main():
     ap.add_argument("--out", default=None, help="write the result JSON here")
     ap.add_argument("--compare", nargs="+", metavar="FILE",
                     help="check that greedy texts are identical across result files")
-    ap.add_argument("--table", nargs="+", metavar="NAME=FILE",
-                    help="print a markdown summary table of result files")
+    ap.add_argument("--table", nargs="+", metavar="NAME=FILE[,FILE...]",
+                    help="print a markdown summary table of result files (several per NAME: "
+                         "rounds, reported as medians)")
     ap.add_argument("--baseline", action="append", default=[],
                     help="with --table: a NAME to show ratios against (repeatable)")
     ap.add_argument("--dump-prompts", action="store_true",

@@ -26,6 +26,9 @@
 # Run it on an otherwise idle machine: serving.py measures the CPU busy share for 1 s before
 # each run, warns above 20 % and records it (cpu_busy_before) in the result; llama-server's
 # spinning threads (-t = all cores) slow down many times over when a build shares the cores.
+#   ROUNDS             run every server this many times, in turn (default 1): results per round
+#                      ($tag-NAME-rR.json) and a table of medians, ratios paired by round, so
+#                      that drift over minutes on a shared VM weighs less
 # Extra serving.py options can be given in SERVING_ARGS (e.g. "--max-tokens 64").
 # Greedy texts of the specula settings are checked identical prompt by prompt (serving.py
 # --compare); exit 1 when they differ or any request failed.
@@ -40,6 +43,7 @@ out_dir="${OUT_DIR:-/tmp/specula-bench}"
 settings="${SPECULA_SETTINGS-k0:0:fixed k4fixed:4:fixed k4:4:goodput}"  # set but empty: none
 threads="${THREADS:-2}"
 start_timeout="${SPECULA_START_TIMEOUT:-3600}"
+rounds="${ROUNDS:-1}"
 serving=(python3 "$root/scripts/bench/serving.py")
 read -r -a extra <<<"${SERVING_ARGS:-}"
 
@@ -48,6 +52,7 @@ case "$workload" in sharegpt|humaneval|grounded) ;; *)
 esac
 [[ "$concurrency" =~ ^[1-9][0-9]*$ && "$num_prompts" =~ ^[1-9][0-9]*$ ]] || {
   echo "serving.sh: CONCURRENCY and NUM_PROMPTS must be positive integers" >&2; exit 2; }
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "serving.sh: ROUNDS must be a positive integer" >&2; exit 2; }
 
 if [ -z "${MODEL:-}" ]; then
   scripts/fetch-model.sh
@@ -126,12 +131,14 @@ wait_healthy() {
 }
 
 status=0
-results=()      # NAME=FILE for the table
-spec_files=()   # specula result files for --compare
+names=()          # servers in order of first run, for the table
+declare -A files  # NAME -> its result files, comma-separated, one per round
+spec_files=()     # specula result files (all rounds) for --compare
 first_spec=""
+suffix=""         # "-rR" in round R when there are several
 
-run_client() {  # NAME URL
-  local name="$1" url="$2" file="$out_dir/$tag-$1.json"
+run_client() {  # NAME URL; the result lands in $out_dir/$tag-NAME$suffix.json
+  local name="$1" url="$2" file="$out_dir/$tag-$1$suffix.json"
   echo "== $name: serving.py --workload $workload --concurrency $concurrency --num-prompts $num_prompts" >&2
   # In the background, so that a signal's trap runs at once (bash defers traps until a
   # foreground child exits).
@@ -145,51 +152,61 @@ run_client() {  # NAME URL
     echo "serving.sh: $name: serving.py failed (exit $rc)" >&2
     status=1
   fi
-  [ -f "$file" ] && results+=("$name=$file")
+  if [ -f "$file" ]; then
+    [ -n "${files[$name]+set}" ] || names+=("$name")
+    files[$name]="${files[$name]:+${files[$name]},}$file"
+  fi
   return 0
 }
 
-if [ -n "$llama" ]; then
-  port="$(free_port)"
-  log="$out_dir/$tag-llama-server.log"
-  echo "== llama-server ($llama${LLAMA_EXTRA_ARGS:+ $LLAMA_EXTRA_ARGS}) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
-  setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off "${llama_extra[@]}" \
-    --host 127.0.0.1 --port "$port" -c $((4096 * concurrency)) >"$log" 2>&1 &
-  srv_pid=$!
-  if wait_healthy "http://127.0.0.1:$port/health" 300 llama-server; then
-    run_client llama-server "http://127.0.0.1:$port"
+run_round() {  # llama-server (when given), then every specula setting, one at a time
+  if [ -n "$llama" ]; then
+    port="$(free_port)"
+    log="$out_dir/$tag-llama-server$suffix.log"
+    echo "== llama-server ($llama${LLAMA_EXTRA_ARGS:+ $LLAMA_EXTRA_ARGS}) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
+    setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off "${llama_extra[@]}" \
+      --host 127.0.0.1 --port "$port" -c $((4096 * concurrency)) >"$log" 2>&1 &
+    srv_pid=$!
+    if wait_healthy "http://127.0.0.1:$port/health" 300 llama-server; then
+      run_client llama-server "http://127.0.0.1:$port"
+    else
+      tail -n 20 "$log" >&2
+      status=1
+    fi
+    stop_server
   else
-    tail -n 20 "$log" >&2
-    status=1
+    echo "== llama-server: skipped (SKIP_LLAMA=1, or no binary: scripts/bench/build-llama-server.sh builds one)" >&2
   fi
-  stop_server
-else
-  echo "== llama-server: skipped (SKIP_LLAMA=1, or no binary: scripts/bench/build-llama-server.sh builds one)" >&2
-fi
 
-for setting in $settings; do
-  IFS=: read -r name k policy proposer <<<"$setting"
-  [ -n "$name" ] && [ -n "$k" ] || { echo "serving.sh: bad setting '$setting'" >&2; exit 2; }
-  api_port="$(free_port)"
-  metrics_port="$(free_port)"
-  while [ "$metrics_port" = "$api_port" ]; do metrics_port="$(free_port)"; done
-  log="$out_dir/$tag-$name.log"
-  echo "== specula $name (K=$k, policy ${policy:-default}) on 127.0.0.1:$api_port; log $log" >&2
-  envs=(SPECULA_API_PORT="$api_port" SPECULA_METRICS_PORT="$metrics_port"
-        SPECULA_NUM_SPEC_TOKENS="$k" SPECULA_MODEL="$MODEL")
-  [ -n "${policy:-}" ] && envs+=(SPECULA_SPEC_POLICY="$policy")
-  [ -n "${proposer:-}" ] && envs+=(SPECULA_PROPOSER="$proposer")
-  env "${envs[@]}" setsid scripts/serve.sh >"$log" 2>&1 &
-  srv_pid=$!
-  if wait_healthy "http://127.0.0.1:$api_port/health" "$start_timeout" "specula $name"; then
-    run_client "$name" "http://127.0.0.1:$api_port"
-    [ -f "$out_dir/$tag-$name.json" ] && spec_files+=("$out_dir/$tag-$name.json")
-    [ -n "$first_spec" ] || first_spec="$name"
-  else
-    tail -n 20 "$log" >&2
-    status=1
-  fi
-  stop_server
+  for setting in $settings; do
+    IFS=: read -r name k policy proposer <<<"$setting"
+    [ -n "$name" ] && [ -n "$k" ] || { echo "serving.sh: bad setting '$setting'" >&2; exit 2; }
+    api_port="$(free_port)"
+    metrics_port="$(free_port)"
+    while [ "$metrics_port" = "$api_port" ]; do metrics_port="$(free_port)"; done
+    log="$out_dir/$tag-$name$suffix.log"
+    echo "== specula $name (K=$k, policy ${policy:-default}) on 127.0.0.1:$api_port; log $log" >&2
+    envs=(SPECULA_API_PORT="$api_port" SPECULA_METRICS_PORT="$metrics_port"
+          SPECULA_NUM_SPEC_TOKENS="$k" SPECULA_MODEL="$MODEL")
+    [ -n "${policy:-}" ] && envs+=(SPECULA_SPEC_POLICY="$policy")
+    [ -n "${proposer:-}" ] && envs+=(SPECULA_PROPOSER="$proposer")
+    env "${envs[@]}" setsid scripts/serve.sh >"$log" 2>&1 &
+    srv_pid=$!
+    if wait_healthy "http://127.0.0.1:$api_port/health" "$start_timeout" "specula $name"; then
+      run_client "$name" "http://127.0.0.1:$api_port"
+      [ -f "$out_dir/$tag-$name$suffix.json" ] && spec_files+=("$out_dir/$tag-$name$suffix.json")
+      [ -n "$first_spec" ] || first_spec="$name"
+    else
+      tail -n 20 "$log" >&2
+      status=1
+    fi
+    stop_server
+  done
+}
+
+for ((round = 1; round <= rounds; round++)); do
+  [ "$rounds" = 1 ] || { suffix="-r$round"; echo "== round $round of $rounds" >&2; }
+  run_round
 done
 
 summary="$out_dir/$tag-summary.md"
@@ -207,9 +224,11 @@ if [ ${#spec_files[@]} -ge 2 ]; then
   fi
   echo >>"$summary"
 fi
-if [ ${#results[@]} -gt 0 ]; then
+if [ ${#names[@]} -gt 0 ]; then
+  results=()
+  for name in "${names[@]}"; do results+=("$name=${files[$name]}"); done
   baselines=()
-  if printf '%s\n' "${results[@]}" | grep -q '^k0='; then baselines+=(--baseline k0)
+  if [ -n "${files[k0]+set}" ]; then baselines+=(--baseline k0)
   elif [ -n "$first_spec" ]; then baselines+=(--baseline "$first_spec"); fi
   [ -n "$llama" ] && baselines+=(--baseline llama-server)
   "${serving[@]}" --table "${results[@]}" "${baselines[@]}" >>"$summary" || status=1
