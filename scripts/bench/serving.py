@@ -612,6 +612,12 @@ def table_entries(specs):
     return entries
 
 
+def round_ratios(runs, base_runs, key):
+    """A server's value over its baseline's, round by round (the two ran minutes apart)."""
+    return [a.get(key) / b.get(key) for a, b in zip(runs, base_runs)
+            if a.get(key) is not None and b.get(key)]
+
+
 def cmd_table(specs, baselines):
     entries = table_entries(specs)
     rounds = len(entries[0][1])
@@ -628,10 +634,7 @@ def cmd_table(specs, baselines):
     print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
 
     def ratio(runs, base_runs, key):
-        # Round by round (a server and its baseline ran minutes apart), then the median.
-        per_round = [a.get(key) / b.get(key) for a, b in zip(runs, base_runs)
-                     if a.get(key) is not None and b.get(key)]
-        r = median(per_round)
+        r = median(round_ratios(runs, base_runs, key))
         return "-" if r is None else f"{r:.2f}x"
 
     for name, runs in entries:
@@ -649,14 +652,9 @@ def cmd_table(specs, baselines):
               f"in turn), errors their sum, CPU busy the highest; a ratio is the median of the "
               f"rounds' ratios.")
         for b in bases:
-            per_round = []
-            for name, runs in entries:
-                if name == b:
-                    continue
-                r = [f"{a['output_throughput'] / x['output_throughput']:.2f}x"
-                     if a.get("output_throughput") and x.get("output_throughput") else "-"
-                     for a, x in zip(runs, by_name[b])]
-                per_round.append(f"{name} {', '.join(r)}")
+            per_round = [f"{name} " + ", ".join(
+                             f"{r:.2f}x" for r in round_ratios(runs, by_name[b], "output_throughput"))
+                         for name, runs in entries if name != b]
             print(f"Output tok/s vs {b}, round by round: {'; '.join(per_round)}.")
     if bases:
         print()

@@ -23,12 +23,12 @@
 #                      (seen 2026-12-02), and --no-repack keeps weights out of the AMX buffer
 #   SPECULA_START_TIMEOUT  seconds to wait for a specula stack, its release build included
 #                      (default 3600)
+#   ROUNDS             run every server this many times, in turn (default 1): results per round
+#                      (<workload>-c<C>-n<N>-NAME-rR.json) and a table of medians, ratios paired by round, so
+#                      that drift over minutes on a shared VM weighs less
 # Run it on an otherwise idle machine: serving.py measures the CPU busy share for 1 s before
 # each run, warns above 20 % and records it (cpu_busy_before) in the result; llama-server's
 # spinning threads (-t = all cores) slow down many times over when a build shares the cores.
-#   ROUNDS             run every server this many times, in turn (default 1): results per round
-#                      ($tag-NAME-rR.json) and a table of medians, ratios paired by round, so
-#                      that drift over minutes on a shared VM weighs less
 # Extra serving.py options can be given in SERVING_ARGS (e.g. "--max-tokens 64").
 # Greedy texts of the specula settings are checked identical prompt by prompt (serving.py
 # --compare); exit 1 when they differ or any request failed.

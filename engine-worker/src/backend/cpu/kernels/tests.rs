@@ -2,6 +2,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::backend::cpu::aligned::LineAligned;
 use crate::model::{quantize_row, WeightMatrix, WeightType};
 
 fn supported_isas() -> Vec<Isa> {
@@ -131,12 +132,12 @@ fn kernel_throughput() {
         for isa in supported_isas().into_iter().filter(|&i| i != Isa::Scalar) {
             let mut one_token_ns = 0.0;
             for tokens in [1, 8, 9, 16, 24, 40] {
-                let xs: Vec<f32> = (0..tokens * cols + 32)
+                let xs: Vec<f32> = (0..tokens * cols)
                     .map(|_| rng.gen_range(-1.0..1.0))
                     .collect();
                 // On a cache line, as `matmul` hands it to the kernels.
-                let skip = (64 - xs.as_ptr() as usize % 64) % 64 / 4;
-                let x = &xs[skip..skip + tokens * cols];
+                let aligned = LineAligned::new(&xs);
+                let x = aligned.as_slice();
                 let sums = block_sums(x);
                 let mut out = vec![0.0; rows * tokens];
                 let mut fastest = f64::INFINITY;
