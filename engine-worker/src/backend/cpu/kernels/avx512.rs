@@ -158,8 +158,8 @@ mod imp {
 
     /// Horizontal sums of eight vectors at once, each by [`hsum`]'s tree (lane `i` + lane
     /// `i + 8`, then `i + 4`, `i + 2`, `i + 1`), so a token's sum has the same bits either way:
-    /// 15 shuffles and 8 adds where eight `hsum`s take 32 and 32, which on rows of 18 blocks
-    /// was a fifth of a token's work.
+    /// 15 shuffles and 8 adds where eight `hsum`s take 32 and 32 (by instruction count, about a
+    /// fifth of a token's work on rows of 18 blocks).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
     unsafe fn hsum8(v: &[__m512; 8]) -> [f32; 8] {
