@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use super::aligned::LineBuf;
 use super::attention::{attention, TokenSlot};
 use super::kernels::Isa;
 use super::kv_cache::KvCache;
@@ -96,16 +97,17 @@ impl<'a> FlatBatch<'a> {
     }
 }
 
-/// Per-layer scratch buffers, allocated once per forward.
+/// Per-layer scratch buffers, allocated once per forward. The matmul inputs (`normed`, `attn`,
+/// `gate`) start on a cache line, so `matmul` reads them in place instead of copying them.
 struct Activations {
-    normed: Vec<f32>, // [tokens, hidden]
-    q: Vec<f32>,      // [tokens, heads * head_dim]
-    k: Vec<f32>,      // [tokens, kv_heads * head_dim]
-    v: Vec<f32>,      // [tokens, kv_heads * head_dim]
-    attn: Vec<f32>,   // [tokens, heads * head_dim]
-    proj: Vec<f32>,   // [tokens, hidden]
-    gate: Vec<f32>,   // [tokens, intermediate]
-    up: Vec<f32>,     // [tokens, intermediate]
+    normed: LineBuf, // [tokens, hidden]
+    q: Vec<f32>,     // [tokens, heads * head_dim]
+    k: Vec<f32>,     // [tokens, kv_heads * head_dim]
+    v: Vec<f32>,     // [tokens, kv_heads * head_dim]
+    attn: LineBuf,   // [tokens, heads * head_dim]
+    proj: Vec<f32>,  // [tokens, hidden]
+    gate: LineBuf,   // [tokens, intermediate]
+    up: Vec<f32>,    // [tokens, intermediate]
 }
 
 impl Activations {
@@ -117,13 +119,13 @@ impl Activations {
             cfg.intermediate_size,
         );
         Self {
-            normed: vec![0f32; tokens * hidden],
+            normed: LineBuf::zeroed(tokens * hidden),
             q: vec![0f32; tokens * q_dim],
             k: vec![0f32; tokens * kv_dim],
             v: vec![0f32; tokens * kv_dim],
-            attn: vec![0f32; tokens * q_dim],
+            attn: LineBuf::zeroed(tokens * q_dim),
             proj: vec![0f32; tokens * hidden],
-            gate: vec![0f32; tokens * ff],
+            gate: LineBuf::zeroed(tokens * ff),
             up: vec![0f32; tokens * ff],
         }
     }
@@ -149,10 +151,15 @@ impl Pass<'_> {
         act: &mut Activations,
     ) {
         let (cfg, isa, tokens) = (self.cfg, self.isa, self.batch.tokens());
-        norm_rows(x, &layer.attn_norm, cfg.rms_norm_eps, &mut act.normed);
+        norm_rows(
+            x,
+            &layer.attn_norm,
+            cfg.rms_norm_eps,
+            act.normed.as_mut_slice(),
+        );
         matmul(
             isa,
-            &act.normed,
+            act.normed.as_slice(),
             tokens,
             &mut [
                 Job {
@@ -193,10 +200,18 @@ impl Pass<'_> {
                 &act.v[t * kv_dim..(t + 1) * kv_dim],
             );
         }
-        attention(cache, l, &self.batch.slots, &act.q, &mut act.attn, cfg, isa);
+        attention(
+            cache,
+            l,
+            &self.batch.slots,
+            &act.q,
+            act.attn.as_mut_slice(),
+            cfg,
+            isa,
+        );
         matmul(
             isa,
-            &act.attn,
+            act.attn.as_slice(),
             tokens,
             &mut [Job {
                 w: &layer.wo,
@@ -210,15 +225,20 @@ impl Pass<'_> {
     fn mlp_block(&self, layer: &LayerWeights, x: &mut [f32], act: &mut Activations) {
         let (cfg, isa, tokens) = (self.cfg, self.isa, self.batch.tokens());
         let ff = cfg.intermediate_size;
-        norm_rows(x, &layer.ffn_norm, cfg.rms_norm_eps, &mut act.normed);
+        norm_rows(
+            x,
+            &layer.ffn_norm,
+            cfg.rms_norm_eps,
+            act.normed.as_mut_slice(),
+        );
         matmul(
             isa,
-            &act.normed,
+            act.normed.as_slice(),
             tokens,
             &mut [
                 Job {
                     w: &layer.w_gate,
-                    out: &mut act.gate,
+                    out: act.gate.as_mut_slice(),
                 },
                 Job {
                     w: &layer.w_up,
@@ -227,16 +247,17 @@ impl Pass<'_> {
             ],
         );
         if tokens < PARALLEL_MIN_TOKENS {
-            silu_mul(&mut act.gate, &act.up);
+            silu_mul(act.gate.as_mut_slice(), &act.up);
         } else {
             act.gate
+                .as_mut_slice()
                 .par_chunks_mut(ff * ROWS_PER_TASK)
                 .zip(act.up.par_chunks(ff * ROWS_PER_TASK))
                 .for_each(|(g, u)| silu_mul(g, u));
         }
         matmul(
             isa,
-            &act.gate,
+            act.gate.as_slice(),
             tokens,
             &mut [Job {
                 w: &layer.w_down,

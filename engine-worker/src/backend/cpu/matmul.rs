@@ -1,12 +1,14 @@
 //! Multi-threaded `y = x · Wᵀ` for one or more weight matrices sharing an input: the output
 //! rows of all matrices are cut into tasks that rayon spreads over the pool. A row's result
 //! does not depend on how rows are split (see `kernels`).
-//! The input reaches the kernels on a cache line ([`LineAligned`]).
+//! The input reaches the kernels on a cache line ([`LineAligned`]); the kernels write each
+//! task's columns of the `[tokens, rows]` output in place (a separate transposing pass ran on
+//! one thread and took about a tenth of a 256-token prefill).
 
 use rayon::prelude::*;
 
 use super::aligned::LineAligned;
-use super::kernels::{block_sums, matmul_rows, Isa};
+use super::kernels::{block_sums, matmul_rows_into, Isa, OutColumns};
 use crate::model::{WeightMatrix, WeightType};
 
 /// One matrix of a [`matmul`] call and where its result goes (`[tokens, w.rows]`).
@@ -15,16 +17,31 @@ pub(crate) struct Job<'a> {
     pub out: &'a mut [f32],
 }
 
+/// A task's share of one job: weight rows `start..end`, written to columns `start..end` of the
+/// job's output from `out` on.
+struct Task<'a> {
+    w: &'a WeightMatrix,
+    start: usize,
+    end: usize,
+    out: OutColumns,
+}
+
+// SAFETY: a task's `out` points into a job's output, which `matmul` borrows exclusively for the
+// whole parallel section, and no two tasks share a column of the same output.
+unsafe impl Send for Task<'_> {}
+
 /// Computes every job's `out = x · wᵀ`; `x` is `[tokens, cols]`, the same for all jobs.
 pub(crate) fn matmul(isa: Isa, x: &[f32], tokens: usize, jobs: &mut [Job<'_>]) {
     if tokens == 0 || jobs.is_empty() {
         return;
     }
     let cols = jobs[0].w.cols;
-    debug_assert!(jobs
-        .iter()
-        .all(|j| j.w.cols == cols && j.out.len() == tokens * j.w.rows));
-    debug_assert_eq!(x.len(), tokens * cols);
+    assert!(
+        jobs.iter()
+            .all(|j| j.w.cols == cols && j.out.len() == tokens * j.w.rows),
+        "matmul shapes"
+    );
+    assert_eq!(x.len(), tokens * cols, "matmul input");
     let aligned = LineAligned::new(x);
     let x = aligned.as_slice();
     let sums = if jobs.iter().any(|j| j.w.dtype == WeightType::Q4_1) {
@@ -37,41 +54,111 @@ pub(crate) fn matmul(isa: Isa, x: &[f32], tokens: usize, jobs: &mut [Job<'_>]) {
     // Enough tasks for load balance, few enough that scheduling stays cheap.
     let rows_per_task = (total_rows / (threads * 8)).clamp(8, 512);
 
-    // Results land row-major per matrix (`[rows, tokens]`), then get transposed; with one
-    // token the two layouts coincide and the kernels write in place.
-    let mut transposed: Vec<Vec<f32>> = if tokens == 1 {
-        Vec::new()
-    } else {
-        jobs.iter().map(|j| vec![0.0; j.out.len()]).collect()
-    };
-    {
-        let mut tasks = Vec::new();
-        if tokens == 1 {
-            for job in jobs.iter_mut() {
-                let w = job.w;
-                for (i, chunk) in job.out.chunks_mut(rows_per_task).enumerate() {
-                    tasks.push((w, i * rows_per_task, chunk));
-                }
-            }
-        } else {
-            for (job, buf) in jobs.iter().zip(transposed.iter_mut()) {
-                for (i, chunk) in buf.chunks_mut(rows_per_task * tokens).enumerate() {
-                    tasks.push((job.w, i * rows_per_task, chunk));
-                }
-            }
+    let mut tasks = Vec::new();
+    for job in jobs.iter_mut() {
+        let (w, base) = (job.w, job.out.as_mut_ptr());
+        for start in (0..w.rows).step_by(rows_per_task) {
+            tasks.push(Task {
+                w,
+                start,
+                end: (start + rows_per_task).min(w.rows),
+                // SAFETY: `start < w.rows`, inside the job's `[tokens, w.rows]` output.
+                out: OutColumns {
+                    ptr: unsafe { base.add(start) },
+                    token_stride: w.rows,
+                },
+            });
         }
-        tasks.into_par_iter().for_each(|(w, start, chunk)| {
-            let rows = start..start + chunk.len() / tokens;
-            matmul_rows(isa, w, rows, x, &sums, tokens, chunk);
-        });
     }
-    if tokens > 1 {
-        for (job, buf) in jobs.iter_mut().zip(&transposed) {
-            let rows = job.w.rows;
-            for (r, row) in buf.chunks_exact(tokens).enumerate() {
-                for (t, v) in row.iter().enumerate() {
-                    job.out[t * rows + r] = *v;
-                }
+    tasks.into_par_iter().for_each(|task| {
+        // SAFETY: the task's columns of its job's output (checked above to be
+        // `[tokens, w.rows]`) are its own; see `Task`.
+        unsafe {
+            matmul_rows_into(
+                isa,
+                task.w,
+                task.start..task.end,
+                x,
+                &sums,
+                tokens,
+                task.out,
+            )
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::{matmul, Job};
+    use crate::backend::cpu::kernels::{block_sums, matmul_rows, Isa};
+    use crate::model::{quantize_row, WeightMatrix, WeightType};
+
+    fn random_matrix(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> WeightMatrix {
+        let mut data = Vec::new();
+        for _ in 0..rows {
+            let values: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            quantize_row(WeightType::Q4_1, &values, &mut data);
+        }
+        WeightMatrix::owned("w", WeightType::Q4_1, rows, cols, data).unwrap()
+    }
+
+    /// Tasks write their columns of each job's `[tokens, rows]` output in place: the result of
+    /// a split, multi-job, multi-threaded call has the bits of one single-threaded call per job.
+    #[test]
+    fn split_jobs_fill_each_output_as_one_call_would() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let cols = 64;
+        // Row counts that do not divide into the tasks evenly.
+        let (a, b) = (
+            random_matrix(1000, cols, &mut rng),
+            random_matrix(37, cols, &mut rng),
+        );
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for tokens in [1, 5, 8, 13, 30] {
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|_| rng.gen_range(-2.0..2.0))
+                .collect();
+            let (mut out_a, mut out_b) =
+                (vec![f32::NAN; tokens * 1000], vec![f32::NAN; tokens * 37]);
+            pool.install(|| {
+                matmul(
+                    Isa::detect(),
+                    &x,
+                    tokens,
+                    &mut [
+                        Job {
+                            w: &a,
+                            out: &mut out_a,
+                        },
+                        Job {
+                            w: &b,
+                            out: &mut out_b,
+                        },
+                    ],
+                )
+            });
+            for (w, got) in [(&a, &out_a), (&b, &out_b)] {
+                let mut want = vec![0.0; tokens * w.rows];
+                matmul_rows(
+                    Isa::detect(),
+                    w,
+                    0..w.rows,
+                    &x,
+                    &block_sums(&x),
+                    tokens,
+                    &mut want,
+                );
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "tokens {tokens}, rows {}", w.rows);
             }
         }
     }

@@ -16,7 +16,8 @@
 /// `dot::<F, N>` over consecutive rows, one call per token group rather than one per row.
 macro_rules! row_range_kernels {
     ($features:literal) => {
-        /// [`dot`] for every row of `range`, row `i`'s results to `out[i * stride..][..N]`.
+        /// [`dot`] for every row of `range`, row `i`'s result for token `t` to
+        /// `out[t * token_stride + i]`.
         #[target_feature(enable = $features)]
         unsafe fn dot_rows<F: Format, const N: usize>(range: RowRange, group: &GroupInput<'_>) {
             let blocks = group.cols / QK;
@@ -29,7 +30,7 @@ macro_rules! row_range_kernels {
                     &mut res,
                 );
                 for (t, r) in res.iter().enumerate().take(N) {
-                    *range.out.add(i * range.stride + t) = *r;
+                    *range.out.add(t * range.token_stride + i) = *r;
                 }
             }
         }
@@ -49,8 +50,8 @@ macro_rules! row_range_kernels {
             }
         }
 
-        /// `out[i * stride + t] = row_i · x[t]` for the first `n` tokens of `group` and every
-        /// row of `range`.
+        /// `out[t * token_stride + i] = row_i · x[t]` for the first `n` tokens of `group` and
+        /// every row of `range`.
         ///
         /// # Safety
         /// The module's instruction set must be available, and `range` must describe real
@@ -174,8 +175,18 @@ fn isa_for(isa: Isa, w: &WeightMatrix) -> Isa {
     }
 }
 
+/// Where a call's results go: columns `0..rows` of a `[tokens, token_stride]` matrix (row `r`'s
+/// result for token `t` at `ptr[t * token_stride + r]`), so parallel calls on disjoint row
+/// ranges fill one `[tokens, rows]` output in place, with no transposing pass.
+#[derive(Clone, Copy)]
+pub(crate) struct OutColumns {
+    pub ptr: *mut f32,
+    pub token_stride: usize,
+}
+
 /// Computes rows `rows` of `W · xᵀ` for `tokens` tokens: `x` is `[tokens, cols]`, `sums` is
-/// [`block_sums`] of `x` (only read for Q4_1), `out` is `[rows.len(), tokens]`.
+/// [`block_sums`] of `x` (only read for Q4_1), `out` is `[tokens, rows.len()]`.
+#[cfg(test)]
 pub(crate) fn matmul_rows(
     isa: Isa,
     w: &WeightMatrix,
@@ -185,9 +196,32 @@ pub(crate) fn matmul_rows(
     tokens: usize,
     out: &mut [f32],
 ) {
+    assert_eq!(out.len(), rows.len() * tokens, "output shape");
+    let out = OutColumns {
+        ptr: out.as_mut_ptr(),
+        token_stride: rows.len(),
+    };
+    // SAFETY: `out` is exactly `[tokens, rows.len()]` and borrowed exclusively.
+    unsafe { matmul_rows_into(isa, w, rows, x, sums, tokens, out) }
+}
+
+/// [`matmul_rows`] into columns of a wider output.
+///
+/// # Safety
+/// `out` must point to `tokens` rows of `out.token_stride >= rows.len()` f32s whose first
+/// `rows.len()` columns are writable and not accessed by anything else during the call.
+pub(crate) unsafe fn matmul_rows_into(
+    isa: Isa,
+    w: &WeightMatrix,
+    rows: Range<usize>,
+    x: &[f32],
+    sums: &[f32],
+    tokens: usize,
+    out: OutColumns,
+) {
     let cols = w.cols;
     debug_assert_eq!(x.len(), tokens * cols);
-    debug_assert_eq!(out.len(), rows.len() * tokens);
+    assert!(rows.len() <= out.token_stride, "output columns");
     let isa = isa_for(isa, w);
     let rb = w.row_bytes();
     let row_bytes = &w.bytes()[rows.start * rb..rows.end * rb];
@@ -207,29 +241,32 @@ pub(crate) fn matmul_rows(
             },
             cols,
         };
-        let out = &mut out[start..];
+        // The group's first token's row of the output.
+        let group_out = OutColumns {
+            ptr: out.ptr.add(start * out.token_stride),
+            token_stride: out.token_stride,
+        };
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Avx2 => {
-                let range = RowRange::new(w.dtype, row_bytes, row_scales(), &group, n, out, tokens);
+                let range = RowRange::new(w.dtype, row_bytes, row_scales(), &group, n, group_out);
                 // SAFETY: the ISA was detected at backend construction (`isa_for` keeps it only
-                // for whole blocks), and `RowRange::new` checked every length.
-                unsafe {
-                    if isa == Isa::Avx512 {
-                        avx512::dot_group_rows(w.dtype, range, &group, n)
-                    } else {
-                        avx2::dot_group_rows(w.dtype, range, &group, n)
-                    }
+                // for whole blocks), `RowRange::new` checked the input lengths, and the caller
+                // vouches for the output.
+                if isa == Isa::Avx512 {
+                    avx512::dot_group_rows(w.dtype, range, &group, n)
+                } else {
+                    avx2::dot_group_rows(w.dtype, range, &group, n)
                 }
             }
             _ => {
                 for (i, row) in row_bytes.chunks_exact(rb).enumerate() {
                     let mut res = [0f32; MAX_GROUP];
                     scalar::dot_group(w.dtype, row, &group, n, &mut res, &mut scratch);
-                    // A plain loop: `copy_from_slice` would call memcpy for every (often 4-byte)
-                    // row.
-                    for (o, r) in out[i * tokens..].iter_mut().zip(&res[..n]) {
-                        *o = *r;
+                    for (t, r) in res.iter().enumerate().take(n) {
+                        // SAFETY: token `t < n` of the group and column `i < rows.len()`, both
+                        // inside the output the caller vouches for.
+                        *group_out.ptr.add(t * group_out.token_stride + i) = *r;
                     }
                 }
             }
@@ -239,20 +276,21 @@ pub(crate) fn matmul_rows(
 }
 
 /// Consecutive weight rows for the SIMD kernels: `count` rows of one matrix from `rows`, their
-/// block scales from `scales`, row `i`'s results to `out[i * stride..]`.
+/// block scales from `scales`, row `i`'s result for token `t` to `out[t * token_stride + i]`.
 #[derive(Clone, Copy)]
 pub(crate) struct RowRange {
     rows: *const u8,
     count: usize,
     scales: *const f32,
     out: *mut f32,
-    stride: usize,
+    token_stride: usize,
 }
 
 impl RowRange {
     /// The range over `rows` (whole rows of `dtype`), `scales` and `out`, after checking the
-    /// shapes the SIMD `dot_group_rows` relies on: `n` tokens in the group, whole rows with
-    /// their scales, room for every row's results at `stride`.
+    /// input shapes the SIMD `dot_group_rows` relies on: `n` tokens in the group, whole rows
+    /// with their scales, and an output row wide enough for every row (the output memory
+    /// itself is the caller's promise, see [`matmul_rows_into`]).
     #[cfg(target_arch = "x86_64")]
     fn new(
         dtype: WeightType,
@@ -260,27 +298,25 @@ impl RowRange {
         scales: &[f32],
         group: &GroupInput<'_>,
         n: usize,
-        out: &mut [f32],
-        stride: usize,
+        out: OutColumns,
     ) -> Self {
         let row_bytes = dtype.row_bytes(group.cols);
         let count = rows.len() / row_bytes;
         assert!(
             (1..=MAX_GROUP).contains(&n)
-                && n <= stride
                 && group.cols.is_multiple_of(QK)
                 && group.x.len() >= n * group.cols
                 && rows.len() == count * row_bytes
                 && scales.len() == count * dtype.scales_per_block() * (group.cols / QK)
-                && (count == 0 || out.len() >= (count - 1) * stride + n),
+                && count <= out.token_stride,
             "row-dot shapes"
         );
         Self {
             rows: rows.as_ptr(),
             count,
             scales: scales.as_ptr(),
-            out: out.as_mut_ptr(),
-            stride,
+            out: out.ptr,
+            token_stride: out.token_stride,
         }
     }
 }

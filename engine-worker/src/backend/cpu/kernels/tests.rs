@@ -37,10 +37,10 @@ fn random_matrix(
 
 fn reference(w: &WeightMatrix, x: &[f32], tokens: usize) -> Vec<f64> {
     let dense = w.to_f32();
-    let mut out = vec![0.0; w.rows * tokens];
+    let mut out = vec![0.0; tokens * w.rows]; // [tokens, rows]
     for r in 0..w.rows {
         for t in 0..tokens {
-            out[r * tokens + t] = (0..w.cols)
+            out[t * w.rows + r] = (0..w.cols)
                 .map(|c| f64::from(dense[r * w.cols + c]) * f64::from(x[t * w.cols + c]))
                 .sum();
         }
@@ -92,7 +92,7 @@ fn a_tokens_result_does_not_depend_on_its_group() {
                 for r in 0..rows {
                     assert_eq!(
                         one[r].to_bits(),
-                        all[r * tokens + t].to_bits(),
+                        all[t * rows + r].to_bits(),
                         "{isa:?} {dtype}"
                     );
                 }
