@@ -5,7 +5,8 @@
 //! `cargo bench -p engine-worker --bench forward` (env: `SPECULA_BENCH_MODEL` path,
 //! `SPECULA_BENCH_THREADS`, `SPECULA_BENCH_TOKENS` decode steps (default 128),
 //! `SPECULA_BENCH_PREFILLS` warm 256-token prefills (default 3), `SPECULA_BENCH_ISA`
-//! avx512|avx2|scalar).
+//! avx512|avx2|scalar, `SPECULA_BENCH_STEP_SIZES` e.g. `1,8,9,16` to time verify-shaped steps
+//! of those sizes).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -171,4 +172,40 @@ fn main() {
         p += 5;
     }
     phase.report("verify chunks of K+1=5, 1 stream", 5 * verify_steps);
+
+    if let Ok(list) = std::env::var("SPECULA_BENCH_STEP_SIZES") {
+        let sizes: Vec<usize> = list
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect();
+        step_sizes(&mut backend, &tables, &sizes);
+    }
+}
+
+/// Verify-shaped steps (sequences of K+1 = 5 tokens after 256 cached positions, every row's
+/// logits, as the worker's start-up calibration times them) of each size: the fastest of 7
+/// interleaved rounds, in ms. Shows where the cost curve steps up: a size past a multiple of
+/// the kernels' 8-token group decodes every weight block once more.
+fn step_sizes(backend: &mut CpuBackend, tables: &[Vec<u32>], sizes: &[usize]) {
+    let chunk = [1u32; 5];
+    let mut fastest = vec![f64::INFINITY; sizes.len()];
+    for _ in 0..7 {
+        for (i, &total) in sizes.iter().enumerate() {
+            let seqs: Vec<SeqForward<'_>> = (0..total.div_ceil(5).min(tables.len()))
+                .map(|s| {
+                    let n = 5.min(total - s * 5);
+                    SeqForward::new(&chunk[..n], 256, &tables[s], LogitsFor::All)
+                })
+                .collect();
+            let started = Instant::now();
+            backend.forward(&seqs).unwrap();
+            fastest[i] = fastest[i].min(started.elapsed().as_secs_f64());
+        }
+    }
+    for (&total, &seconds) in sizes.iter().zip(&fastest) {
+        println!(
+            "verify-shaped step of {total:2} tokens: {:.2} ms",
+            seconds * 1e3
+        );
+    }
 }

@@ -78,6 +78,14 @@ pub trait Backend: Send {
     /// sequence order. Each sequence's result does not depend on the others in the batch.
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError>;
 
+    /// Tokens that share one pass of the kernels over the weights (the CPU kernels decode each
+    /// weight block once per group of this many tokens): a forward's cost steps up each time its
+    /// tokens start a new group, which the drafting policy's cost curve models. 1 where the
+    /// cost has no such steps.
+    fn token_group(&self) -> usize {
+        1
+    }
+
     /// Runs one batched forward like [`Backend::forward`] and, per sequence, verifies its
     /// [drafts](SeqForward::drafts) and picks one token of the model's own
     /// ([`crate::spec::verify`]); `choices` has one entry per sequence. The default verifies on
@@ -105,6 +113,9 @@ impl Backend for Box<dyn Backend> {
     }
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
         (**self).forward(seqs)
+    }
+    fn token_group(&self) -> usize {
+        (**self).token_group()
     }
     fn forward_and_verify(
         &mut self,

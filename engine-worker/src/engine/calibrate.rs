@@ -24,12 +24,23 @@ const GREEDY_CHOICE: TokenChoice<'static> = TokenChoice {
     first_position: 0,
 };
 
-/// Token counts measured: doublings from 1 up to the most a verify step carries.
-fn sizes(max_step_tokens: usize) -> Vec<usize> {
+/// Token counts measured: doublings from 1 up to the most a verify step carries and, where the
+/// backend's kernels work in token groups, one token past the first two group boundaries (the
+/// step up a new group costs; see `StepCost`).
+fn sizes(max_step_tokens: usize, group: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |&t| Some(t * 2))
         .take_while(|&t| t < max_step_tokens)
         .collect();
+    if group > 1 {
+        sizes.extend(
+            [group + 1, 2 * group + 1]
+                .into_iter()
+                .filter(|&t| t < max_step_tokens),
+        );
+    }
     sizes.push(max_step_tokens.max(1));
+    sizes.sort_unstable();
+    sizes.dedup();
     sizes
 }
 
@@ -44,7 +55,7 @@ pub fn calibrate<B: Backend>(
 ) -> Vec<(usize, f64)> {
     let verify = max_drafts + 1;
     let tokens = vec![0u32; verify];
-    let sizes: Vec<usize> = sizes(max_step_tokens);
+    let sizes: Vec<usize> = sizes(max_step_tokens, backend.token_group());
     let context = if alloc.blocks_for(CONTEXT + verify) * sizes[sizes.len() - 1].div_ceil(verify)
         <= alloc.num_free()
     {
@@ -102,9 +113,16 @@ mod tests {
 
     #[test]
     fn sizes_double_up_to_the_step_limit() {
-        assert_eq!(sizes(80), vec![1, 2, 4, 8, 16, 32, 64, 80]);
-        assert_eq!(sizes(64), vec![1, 2, 4, 8, 16, 32, 64]);
-        assert_eq!(sizes(1), vec![1]);
-        assert_eq!(sizes(0), vec![1]);
+        assert_eq!(sizes(80, 1), vec![1, 2, 4, 8, 16, 32, 64, 80]);
+        assert_eq!(sizes(64, 1), vec![1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!(sizes(1, 1), vec![1]);
+        assert_eq!(sizes(0, 1), vec![1]);
+    }
+
+    #[test]
+    fn token_groups_add_the_sizes_just_past_their_first_two_boundaries() {
+        assert_eq!(sizes(80, 8), vec![1, 2, 4, 8, 9, 16, 17, 32, 64, 80]);
+        assert_eq!(sizes(12, 8), vec![1, 2, 4, 8, 9, 12]);
+        assert_eq!(sizes(9, 8), vec![1, 2, 4, 8, 9]);
     }
 }

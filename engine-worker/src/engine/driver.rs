@@ -61,7 +61,7 @@ impl<B: Backend> Engine<B> {
         } else {
             Vec::new()
         };
-        let cost = StepCost::from_calibration(&calibration);
+        let cost = StepCost::from_calibration(&calibration, backend.token_group());
         // Without speculation nothing was measured and no draft is ever planned.
         if cfg.num_spec_tokens > 0 {
             tracing::info!(
@@ -69,6 +69,7 @@ impl<B: Backend> Engine<B> {
                 one_token_ms = cost.seconds(1.0) * 1e3,
                 eight_tokens_ms = cost.seconds(8.0) * 1e3,
                 extra_token_at_eight_ms = cost.marginal(8.0) * 1e3,
+                group_step_ms = cost.group_step() * 1e3,
                 points = ?calibration,
                 "verify cost calibrated"
             );

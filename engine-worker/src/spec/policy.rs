@@ -4,9 +4,12 @@
 //! Liu et al. 2024, "Optimizing Speculative Decoding for Serving LLMs Using Goodput"): a step
 //! yields `G = Σ (1 + E[accepted])` tokens and costs `c(tokens)` seconds, so one more draft
 //! token with acceptance chance `m` pays iff `(G + m) / (c + Δc) > G / c`, i.e.
-//! `m > G · Δc / c`, with `Δc` what one more token adds to this forward. Adding the best remaining
-//! draft token first is optimal because a sequence's chances only fall along its draft and
-//! `Δc` only grows with the tokens. A lone stream on a CPU drafts what is likely;
+//! `m > G · Δc / c`, with `Δc` what one more token adds to this forward. For each number of draft
+//! tokens the best set is the best remaining token first (a sequence's chances only fall along
+//! its draft); the cost curve is not convex (a new kernel token group costs a step, see
+//! `StepCost`), so rather than stop at the first token that does not pay, the policy takes the
+//! number of tokens whose step has the highest goodput: eight drafts that fill a new group may
+//! pay where the first one alone does not. A lone stream on a CPU drafts what is likely;
 //! a full batch drafts only near-certain tokens, since each one costs a token's compute in a
 //! forward that is already compute-bound. `Fixed` verifies every proposed token (up to K),
 //! independent of load, for experiments.
@@ -95,25 +98,34 @@ pub fn plan_draft_lengths(
             index,
         })
         .collect();
+    // Every draft token in order, best chance first, and the goodput of the step with each
+    // prefix of them; the best prefix is taken (the fewest tokens on a tie).
     let mut gain = verify_rows.max(1) as f64;
-    let mut tokens = verify_rows as f64;
-    let mut seconds = cost.seconds(tokens);
-    while let Some(best) = heap.pop() {
-        let extra = cost.marginal(tokens);
-        if best.chance * seconds <= gain * extra {
-            break;
+    let mut tokens = verify_rows;
+    let mut best_goodput = gain / cost.seconds(tokens as f64);
+    let mut order = Vec::new();
+    let mut best_len = 0;
+    let mut offered = vec![0; candidates.len()];
+    while let Some(next) = heap.pop() {
+        gain += next.chance;
+        tokens += 1;
+        let i = next.index;
+        order.push(i);
+        offered[i] += 1;
+        let goodput = gain / cost.seconds(tokens as f64);
+        if goodput > best_goodput {
+            best_goodput = goodput;
+            best_len = order.len();
         }
-        gain += best.chance;
-        tokens += 1.0;
-        seconds += extra;
-        let i = best.index;
-        lengths[i] += 1;
-        if lengths[i] < candidates[i].proposed {
+        if offered[i] < candidates[i].proposed {
             heap.push(Next {
-                chance: chance(i, lengths[i]),
+                chance: chance(i, offered[i]),
                 index: i,
             });
         }
+    }
+    for &i in &order[..best_len] {
+        lengths[i] += 1;
     }
     lengths
 }
@@ -124,7 +136,7 @@ mod tests {
 
     /// The project's CPU (bench-engine): 1.5 ms per extra token up to 8 tokens, 3 ms above.
     fn cpu() -> StepCost {
-        StepCost::from_calibration(&[(1, 0.006), (8, 0.0165), (16, 0.0405), (40, 0.1125)])
+        StepCost::from_calibration(&[(1, 0.006), (8, 0.0165), (16, 0.0405), (40, 0.1125)], 1)
     }
 
     fn trained(rate: f64) -> AcceptanceTable {
@@ -197,6 +209,33 @@ mod tests {
         }
         let total = |rate: f64| plan(&trained(rate), 4, 4, 3).iter().sum::<usize>();
         assert!(total(0.5) <= total(0.8) && total(0.8) <= total(0.99));
+    }
+
+    #[test]
+    fn drafts_that_fill_a_new_token_group_can_pay_where_its_first_token_alone_does_not() {
+        // 8 tokens 17 ms; the ninth starts a new kernel group (27 ms); 16 tokens 30 ms.
+        let cost = StepCost::from_calibration(
+            &[(1, 0.010), (8, 0.017), (9, 0.027), (16, 0.030), (32, 0.060)],
+            8,
+        );
+        let table = trained(0.99);
+        let fresh = RequestAcceptance::default();
+        let one_each = |n: usize, drafting: usize| -> Vec<usize> {
+            let candidates: Vec<DraftCandidate<'_>> = (0..n)
+                .map(|i| DraftCandidate {
+                    proposed: usize::from(i < drafting),
+                    strength: 2,
+                    acceptance: &fresh,
+                })
+                .collect();
+            plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, &table, &cost)
+        };
+        // One near-certain draft beside 8 rows: (8 + 0.98) / 27 ms < 8 / 17 ms.
+        assert_eq!(one_each(8, 1), vec![0; 8]);
+        // Eight of them fill the new group: (8 + 8 × 0.98) / 30 ms > 8 / 17 ms.
+        assert_eq!(one_each(8, 8), vec![1; 8]);
+        // Inside the first group a draft is cheap: 7 rows and one draft stay in it.
+        assert_eq!(one_each(7, 1), vec![1, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -169,6 +169,10 @@ impl Backend for CpuBackend {
         } = self;
         Ok(pool.install(|| llama::forward(model, cache, *isa, seqs)))
     }
+
+    fn token_group(&self) -> usize {
+        kernels::MAX_GROUP
+    }
 }
 
 #[cfg(test)]
