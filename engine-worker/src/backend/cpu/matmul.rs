@@ -93,7 +93,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::{matmul, Job};
-    use crate::backend::cpu::kernels::{block_sums, matmul_rows, Isa};
+    use crate::backend::cpu::kernels::{matmul_all_rows, Isa};
     use crate::model::{quantize_row, WeightMatrix, WeightType};
 
     fn random_matrix(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> WeightMatrix {
@@ -145,15 +145,7 @@ mod tests {
             });
             for (w, got) in [(&a, &out_a), (&b, &out_b)] {
                 let mut want = vec![0.0; tokens * w.rows];
-                matmul_rows(
-                    Isa::detect(),
-                    w,
-                    0..w.rows,
-                    &x,
-                    &block_sums(&x),
-                    tokens,
-                    &mut want,
-                );
+                matmul_all_rows(Isa::detect(), w, &x, tokens, &mut want);
                 let same = got
                     .iter()
                     .zip(&want)

@@ -184,28 +184,28 @@ pub(crate) struct OutColumns {
     pub token_stride: usize,
 }
 
-/// Computes rows `rows` of `W · xᵀ` for `tokens` tokens: `x` is `[tokens, cols]`, `sums` is
-/// [`block_sums`] of `x` (only read for Q4_1), `out` is `[tokens, rows.len()]`.
+/// Every row of `W · xᵀ` for `tokens` tokens into `out` (`[tokens, w.rows]`): the safe entry
+/// the kernel tests and probes use.
 #[cfg(test)]
-pub(crate) fn matmul_rows(
+pub(crate) fn matmul_all_rows(
     isa: Isa,
     w: &WeightMatrix,
-    rows: Range<usize>,
     x: &[f32],
-    sums: &[f32],
     tokens: usize,
     out: &mut [f32],
 ) {
-    assert_eq!(out.len(), rows.len() * tokens, "output shape");
+    assert_eq!(out.len(), w.rows * tokens, "output shape");
     let out = OutColumns {
         ptr: out.as_mut_ptr(),
-        token_stride: rows.len(),
+        token_stride: w.rows,
     };
-    // SAFETY: `out` is exactly `[tokens, rows.len()]` and borrowed exclusively.
-    unsafe { matmul_rows_into(isa, w, rows, x, sums, tokens, out) }
+    // SAFETY: `out` is exactly `[tokens, w.rows]` and borrowed exclusively.
+    unsafe { matmul_rows_into(isa, w, 0..w.rows, x, &block_sums(x), tokens, out) }
 }
 
-/// [`matmul_rows`] into columns of a wider output.
+/// Computes rows `rows` of `W · xᵀ` for `tokens` tokens: `x` is `[tokens, cols]`, `sums` is
+/// [`block_sums`] of `x` (only read for Q4_1); row `r`'s result for token `t` goes to
+/// `out[t * token_stride + r - rows.start]`.
 ///
 /// # Safety
 /// `out` must point to `tokens` rows of `out.token_stride >= rows.len()` f32s whose first

@@ -58,9 +58,8 @@ fn kernels_match_the_dequantized_reference() {
             let x: Vec<f32> = (0..tokens * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
-            let sums = block_sums(&x);
             let mut out = vec![0.0; rows * tokens];
-            matmul_rows(isa, &w, 0..rows, &x, &sums, tokens, &mut out);
+            matmul_all_rows(isa, &w, &x, tokens, &mut out);
             for (got, want) in out.iter().zip(reference(&w, &x, tokens)) {
                 assert!(
                     (f64::from(*got) - want).abs() < 1e-4 * (1.0 + want.abs()),
@@ -82,13 +81,12 @@ fn a_tokens_result_does_not_depend_on_its_group() {
             let x: Vec<f32> = (0..tokens * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
-            let sums = block_sums(&x);
             let mut all = vec![0.0; rows * tokens];
-            matmul_rows(isa, &w, 0..rows, &x, &sums, tokens, &mut all);
+            matmul_all_rows(isa, &w, &x, tokens, &mut all);
             for t in 0..tokens {
                 let xt = &x[t * cols..(t + 1) * cols];
                 let mut one = vec![0.0; rows];
-                matmul_rows(isa, &w, 0..rows, xt, &block_sums(xt), 1, &mut one);
+                matmul_all_rows(isa, &w, xt, 1, &mut one);
                 for r in 0..rows {
                     assert_eq!(
                         one[r].to_bits(),
@@ -107,7 +105,7 @@ fn float_rows_not_a_multiple_of_32_use_the_portable_path() {
     let w = random_matrix(WeightType::F16, 4, 20, &mut rng);
     let x: Vec<f32> = (0..40).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let mut out = vec![0.0; 8];
-    matmul_rows(Isa::detect(), &w, 0..4, &x, &[], 2, &mut out);
+    matmul_all_rows(Isa::detect(), &w, &x, 2, &mut out);
     for (got, want) in out.iter().zip(reference(&w, &x, 2)) {
         assert!((f64::from(*got) - want).abs() < 1e-4);
     }
@@ -138,13 +136,12 @@ fn kernel_throughput() {
                 // On a cache line, as `matmul` hands it to the kernels.
                 let aligned = LineAligned::new(&xs);
                 let x = aligned.as_slice();
-                let sums = block_sums(x);
                 let mut out = vec![0.0; rows * tokens];
                 let mut fastest = f64::INFINITY;
                 for _ in 0..9 {
                     let start = std::time::Instant::now();
                     for w in &ws {
-                        matmul_rows(isa, w, 0..rows, x, &sums, tokens, &mut out);
+                        matmul_all_rows(isa, w, x, tokens, &mut out);
                     }
                     fastest = fastest.min(start.elapsed().as_secs_f64());
                 }
