@@ -8,6 +8,7 @@ use proto::api_worker::SamplingParams;
 
 use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
+use crate::spec::cost::step_probe_sizes;
 
 /// Sweeps over the sizes; per size the fastest run counts (a disturbed run is slower, never
 /// faster). Whole sweeps, not runs of one size in a row, so that a burst of other work at start
@@ -31,13 +32,11 @@ fn sizes(max_step_tokens: usize, group: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |&t| Some(t * 2))
         .take_while(|&t| t < max_step_tokens)
         .collect();
-    if group > 1 {
-        sizes.extend(
-            [group + 1, 2 * group + 1]
-                .into_iter()
-                .filter(|&t| t < max_step_tokens),
-        );
-    }
+    sizes.extend(
+        step_probe_sizes(group)
+            .into_iter()
+            .filter(|&t| t < max_step_tokens),
+    );
     sizes.push(max_step_tokens.max(1));
     sizes.sort_unstable();
     sizes.dedup();

@@ -25,11 +25,12 @@
 //! group of 8 tokens (`Backend::token_group`), so a forward of 9 tokens pays a whole second pass
 //! over the weights for its ninth. Measured with the forward bench (verify-shaped steps after
 //! 256 positions, 2026-12-03): 8 tokens 22.5 ms, 9 tokens 26.7, 16 tokens 42.9, 17 tokens 49.9,
-//! 24 tokens 60.5, 25 tokens 63.6: about 1.8 ms a token inside a group and 2.7 ms more for the
-//! first of a new group. The hull runs through the doublings (whole groups past the first); the
-//! calibration's sizes one past a boundary (9, 17) give the step. Without it, a batch of 8
-//! streams drafted one or two tokens at a 1.7–2.7 ms price that really cost 4–5 ms (ShareGPT and
-//! HumanEval with 8 clients: 0.88x and 0.87x of K=0), and the policy, which added drafts only
+//! 24 tokens 60.5, 25 tokens 63.6: 1.5–2.3 ms a token inside a group, 3–7 ms for the first of a
+//! new group. The hull runs through the doublings (whole groups past the first); the
+//! calibration's sizes one past a boundary ([`step_probe_sizes`]: 9, 17) give the step. Without
+//! it, a batch of 8 streams drafted one or two tokens at a 1.7–2.6 ms price that really cost
+//! 3–7 ms (ShareGPT and HumanEval with 8 clients: 0.88x and 0.87x of K=0), and the policy, which
+//! added drafts only
 //! while each one raised the step's goodput, could not see that eight more tokens cost less than
 //! eight times the first.
 
@@ -40,6 +41,16 @@ const SCALE_LIMIT: f64 = 4.0;
 
 /// A calibration point: tokens, seconds.
 type Point = (usize, f64);
+
+/// The sizes a calibration measures, besides its doublings, for the step of kernels that work
+/// in token groups of `group`: one token past the first two boundaries (none without groups).
+pub fn step_probe_sizes(group: usize) -> Vec<usize> {
+    if group > 1 {
+        vec![group + 1, 2 * group + 1]
+    } else {
+        Vec::new()
+    }
+}
 
 /// The cost curve: piecewise linear through `(tokens, seconds)` knots.
 #[derive(Debug, Clone)]
@@ -57,15 +68,16 @@ pub struct StepCost {
 impl StepCost {
     /// Starts from calibration points `(tokens, seconds)` measured on this device (any order;
     /// a point measured slower than a larger one is taken as noise and lowered to it) on
-    /// kernels that work in token groups of `group` (1: none). Points one token past a group
-    /// boundary beyond the first group measure the group step; the others make the hull. With
+    /// kernels that work in token groups of `group` (1: none). The [`step_probe_sizes`] points
+    /// measure the group step; the others make the hull. With
     /// no usable point the curve is one second per token, so every decision is still defined.
     pub fn from_calibration(points: &[(usize, f64)], group: usize) -> Self {
         let group = group.max(1);
+        let probes = step_probe_sizes(group);
         let (steps, knots): (Vec<Point>, Vec<Point>) = points
             .iter()
             .filter(|&&(t, s)| t > 0 && s.is_finite() && s > 0.0)
-            .partition(|&&(t, _)| group > 1 && t > group && t % group == 1);
+            .partition(|(t, _)| probes.contains(t));
         let hull = hull_of(knots.into_iter().map(|(t, s)| (t as f64, s)).collect());
         // A disturbed point only reads too high: the lowest estimate of the step counts.
         let group_step = steps

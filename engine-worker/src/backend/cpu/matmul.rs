@@ -93,17 +93,9 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::{matmul, Job};
+    use crate::backend::cpu::kernels::tests::random_matrix;
     use crate::backend::cpu::kernels::{matmul_all_rows, Isa};
-    use crate::model::{quantize_row, WeightMatrix, WeightType};
-
-    fn random_matrix(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> WeightMatrix {
-        let mut data = Vec::new();
-        for _ in 0..rows {
-            let values: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            quantize_row(WeightType::Q4_1, &values, &mut data);
-        }
-        WeightMatrix::owned("w", WeightType::Q4_1, rows, cols, data).unwrap()
-    }
+    use crate::model::WeightType;
 
     /// Tasks write their columns of each job's `[tokens, rows]` output in place: the result of
     /// a split, multi-job, multi-threaded call has the bits of one single-threaded call per job.
@@ -113,8 +105,8 @@ mod tests {
         let cols = 64;
         // Row counts that do not divide into the tasks evenly.
         let (a, b) = (
-            random_matrix(1000, cols, &mut rng),
-            random_matrix(37, cols, &mut rng),
+            random_matrix(WeightType::Q4_1, 1000, cols, &mut rng),
+            random_matrix(WeightType::Q4_1, 37, cols, &mut rng),
         );
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)

@@ -350,4 +350,4 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -21,7 +21,7 @@ const TYPES: [WeightType; 6] = [
     WeightType::Q4_1,
 ];
 
-fn random_matrix(
+pub(crate) fn random_matrix(
     dtype: WeightType,
     rows: usize,
     cols: usize,
