@@ -247,7 +247,12 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     // The token-processor side saw hello then resync.
     let mut epoch = None;
     let mut resynced = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(3 * HEARTBEAT_MS) + SLACK;
     while !resynced {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no resync after the hello"
+        );
         match recv_tp(&mut pull).await {
             WorkerToTp::Hello(h) => epoch = Some(h.epoch),
             WorkerToTp::Resync(r) => {
@@ -361,11 +366,20 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     .await;
     eprintln!("stall detected and resynced {detected:?} after the acknowledgements stopped");
 
-    // A long request; then the api-server falls silent.
-    send_api(&mut dealer, &add(3, prompt.clone(), 400)).await;
+    // A long request; then the api-server falls silent. Long enough to outlast the silence
+    // with room to spare: the repetitive prompt drafts well, and 400 tokens finished within
+    // the window (so there was nothing left to abort) once verify steps got faster. 2,000
+    // tokens take over 6 s at 5 tokens a step; with the prompt they fill 126 of the 128 KV
+    // blocks.
+    send_api(&mut dealer, &add(3, prompt.clone(), 2000)).await;
     // Silence from the api-server for 3 intervals aborts its requests.
     let mut aborted = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(3 * HEARTBEAT_MS) + SLACK;
     while !aborted {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the silent api-server's request was not aborted in time"
+        );
         if let WorkerToTp::Step(batch) = recv_tp(&mut pull).await {
             aborted = batch
                 .rows()
@@ -380,7 +394,12 @@ async fn worker_serves_resyncs_aborts_and_drains() {
         .status()
         .unwrap()
         .success());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20) + SLACK;
     loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no goodbye within the drain timeout"
+        );
         if let WorkerToTp::Goodbye { worker_id, .. } = recv_tp(&mut pull).await {
             assert_eq!(worker_id, "w-test");
             break;

@@ -204,7 +204,8 @@ impl<'a> Connection<'a> {
         liveness: Liveness,
     ) -> Self {
         let last_hello = Instant::now();
-        // The connect counts as the token-processor's hello: it has one window to acknowledge.
+        // The connect counts as the token-processor's hello: it has one window to acknowledge
+        // our first heartbeat (see `on_tick`).
         let mut tp = PeerClock::default();
         tp.hello(last_hello);
         Self {
@@ -262,7 +263,19 @@ impl<'a> Connection<'a> {
     /// Judges the token-processor's liveness, then beats.
     async fn on_tick(&mut self, sweeper: &mut Sweeper) -> ControlFlow<LinkEnd> {
         let now = Instant::now();
-        match sweeper.begin(now) {
+        let sweep = sweeper.begin(now);
+        // Until the resync is on the wire this socket has carried no batch: a heartbeat would
+        // announce the step loop's counter to a token-processor that still expects the old
+        // connection's next batch, and it would fail every request for a gap the resync is
+        // about to fill. So we send nothing the token-processor answers, and its silence says
+        // nothing yet: its window starts with our first heartbeat. (Judged from the connect, a
+        // worker loading or calibrating its model for longer than a window dropped a healthy
+        // link, and the batches queued on it.)
+        if self.awaiting_resync {
+            self.tp.forgive(now);
+            return ControlFlow::Continue(());
+        }
+        match sweep {
             Sweep::Judge => {
                 if self.tp.expire(self.liveness, now) {
                     return ControlFlow::Break(LinkEnd::Broken(
@@ -271,13 +284,6 @@ impl<'a> Connection<'a> {
                 }
             }
             Sweep::Forgive { .. } => self.tp.forgive(now),
-        }
-        // Until the resync is on the wire this socket has carried no batch: a heartbeat would
-        // announce the step loop's counter to a token-processor that still expects the old
-        // connection's next batch, and it would fail every request for a gap the resync is
-        // about to fill.
-        if self.awaiting_resync {
-            return ControlFlow::Continue(());
         }
         let mut beat = self.status.heartbeat();
         beat.next_seq = self.sent_next_seq.unwrap_or(beat.next_seq);
