@@ -168,9 +168,31 @@ mod imp {
         _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x.add(24)), bd)
     }
 
+    /// The [`row_range_kernels`](super::super::row_range_kernels) shape, one row at a time
+    /// (with 16 registers, a group's accumulators leave no room for a second row's).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn dot<F: Format, const N: usize>(
+    unsafe fn dot<F: Format, const R: usize, const N: usize>(
+        row: *const u8,
+        row_stride: usize,
+        scales: *const f32,
+        scale_stride: usize,
+        group: &GroupInput<'_>,
+        out: &mut [[f32; MAX_GROUP]; R],
+    ) {
+        for (r, out) in out.iter_mut().enumerate() {
+            dot_row::<F, N>(
+                row.add(r * row_stride),
+                scales.add(r * scale_stride),
+                group,
+                out,
+            );
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_row<F: Format, const N: usize>(
         row: *const u8,
         scales: *const f32,
         group: &GroupInput<'_>,
@@ -223,5 +245,5 @@ mod imp {
         }
     }
 
-    super::super::row_range_kernels!("avx2,fma,f16c");
+    super::super::row_range_kernels!("avx2,fma,f16c", rows_per_pass: [1, 1, 1, 1, 1, 1, 1, 1]);
 }

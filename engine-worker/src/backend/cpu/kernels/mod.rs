@@ -3,8 +3,9 @@
 //!
 //! Batch invariance: a token's result goes through the same instructions whatever other
 //! tokens share the call. Tokens are processed in groups of up to [`MAX_GROUP`] per pass over a
-//! weight row (to reuse each decoded block), but every token keeps its own accumulators and
-//! the per-token operation order does not depend on the group size.
+//! weight row (to reuse each decoded block), and a pass may take several rows (to reuse each
+//! activation load), but every (row, token) pair keeps its own accumulators and its operation
+//! order depends neither on the group size nor on the rows beside it.
 //!
 //! Block scales (and Q4_1's minimums) come from the matrix's f32 copies
 //! ([`WeightMatrix::block_scales`]) rather than the stored f16: a broadcast from memory is a
@@ -13,25 +14,51 @@
 
 /// A SIMD module's row-range entry point, written once and expanded inside each module's `imp`
 /// (where its `Format`, `dot` and block formats are in scope): `dot_group_rows` runs
-/// `dot::<F, N>` over consecutive rows, one call per token group rather than one per row.
+/// `dot::<F, R, N>` over consecutive rows, `R` rows per call for a group of `N` tokens
+/// (`rows_per_pass` lists `R` for `N` = 1 to 8).
 macro_rules! row_range_kernels {
-    ($features:literal) => {
-        /// [`dot`] for every row of `range`, row `i`'s result for token `t` to
-        /// `out[t * token_stride + i]`.
+    ($features:literal, rows_per_pass: [$r1:literal, $r2:literal, $r3:literal, $r4:literal,
+        $r5:literal, $r6:literal, $r7:literal, $r8:literal]) => {
+        /// [`dot`] for every row of `range`, `R` rows per call (the last `count % R` one at a
+        /// time), row `i`'s result for token `t` to `out[t * token_stride + i]`.
         #[target_feature(enable = $features)]
-        unsafe fn dot_rows<F: Format, const N: usize>(range: RowRange, group: &GroupInput<'_>) {
+        unsafe fn dot_rows<F: Format, const R: usize, const N: usize>(
+            range: RowRange,
+            group: &GroupInput<'_>,
+        ) {
             let blocks = group.cols / QK;
-            let mut res = [0f32; MAX_GROUP];
-            for i in 0..range.count {
-                dot::<F, N>(
-                    range.rows.add(i * blocks * F::BLOCK_BYTES),
-                    range.scales.add(i * blocks * F::SCALES),
+            let (row_stride, scale_stride) = (blocks * F::BLOCK_BYTES, blocks * F::SCALES);
+            let store = |first: usize, res: &[[f32; MAX_GROUP]]| {
+                for (r, row_res) in res.iter().enumerate() {
+                    for (t, v) in row_res.iter().enumerate().take(N) {
+                        *range.out.add(t * range.token_stride + first + r) = *v;
+                    }
+                }
+            };
+            let whole = range.count / R * R;
+            let mut res = [[0f32; MAX_GROUP]; R];
+            for i in (0..whole).step_by(R) {
+                dot::<F, R, N>(
+                    range.rows.add(i * row_stride),
+                    row_stride,
+                    range.scales.add(i * scale_stride),
+                    scale_stride,
                     group,
                     &mut res,
                 );
-                for (t, r) in res.iter().enumerate().take(N) {
-                    *range.out.add(t * range.token_stride + i) = *r;
-                }
+                store(i, &res);
+            }
+            let mut one = [[0f32; MAX_GROUP]; 1];
+            for i in whole..range.count {
+                dot::<F, 1, N>(
+                    range.rows.add(i * row_stride),
+                    row_stride,
+                    range.scales.add(i * scale_stride),
+                    scale_stride,
+                    group,
+                    &mut one,
+                );
+                store(i, &one);
             }
         }
 
@@ -39,14 +66,14 @@ macro_rules! row_range_kernels {
         #[target_feature(enable = $features)]
         unsafe fn dot_rows_of<F: Format>(n: usize, range: RowRange, group: &GroupInput<'_>) {
             match n {
-                1 => dot_rows::<F, 1>(range, group),
-                2 => dot_rows::<F, 2>(range, group),
-                3 => dot_rows::<F, 3>(range, group),
-                4 => dot_rows::<F, 4>(range, group),
-                5 => dot_rows::<F, 5>(range, group),
-                6 => dot_rows::<F, 6>(range, group),
-                7 => dot_rows::<F, 7>(range, group),
-                _ => dot_rows::<F, 8>(range, group),
+                1 => dot_rows::<F, $r1, 1>(range, group),
+                2 => dot_rows::<F, $r2, 2>(range, group),
+                3 => dot_rows::<F, $r3, 3>(range, group),
+                4 => dot_rows::<F, $r4, 4>(range, group),
+                5 => dot_rows::<F, $r5, 5>(range, group),
+                6 => dot_rows::<F, $r6, 6>(range, group),
+                7 => dot_rows::<F, $r7, 7>(range, group),
+                _ => dot_rows::<F, $r8, 8>(range, group),
             }
         }
 
@@ -89,7 +116,7 @@ pub(crate) const MAX_GROUP: usize = 8;
 /// Instruction set the kernels use; fixed per backend so results never mix paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F (+ AVX2, FMA, F16C), x86-64, runtime-detected.
+    /// AVX-512F and AVX-512VL (+ AVX2, FMA, F16C), x86-64, runtime-detected.
     Avx512,
     /// AVX2 + FMA + F16C (x86-64, runtime-detected).
     Avx2,
@@ -115,7 +142,7 @@ impl Isa {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             match self {
-                Isa::Avx512 => avx2 && has!("avx512f"),
+                Isa::Avx512 => avx2 && has!("avx512f") && has!("avx512vl"),
                 Isa::Avx2 => avx2,
                 Isa::Scalar => true,
             }

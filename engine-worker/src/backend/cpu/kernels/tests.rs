@@ -99,6 +99,44 @@ fn a_tokens_result_does_not_depend_on_its_group() {
     }
 }
 
+/// The AVX-512 kernels take 2 to 4 rows per pass (the rest one at a time): a row's result must
+/// not depend on which rows share its pass.
+#[test]
+fn a_rows_result_does_not_depend_on_the_rows_beside_it() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (rows, cols) = (7, 96);
+    for isa in supported_isas() {
+        for dtype in TYPES {
+            let w = random_matrix(dtype, rows, cols, &mut rng);
+            for tokens in [1, 3, 8] {
+                let x: Vec<f32> = (0..tokens * cols)
+                    .map(|_| rng.gen_range(-2.0..2.0))
+                    .collect();
+                let mut all = vec![0.0; rows * tokens];
+                matmul_all_rows(isa, &w, &x, tokens, &mut all);
+                for r in 0..rows {
+                    let mut alone = vec![0.0; tokens];
+                    let out = OutColumns {
+                        ptr: alone.as_mut_ptr(),
+                        token_stride: 1,
+                    };
+                    // SAFETY: `alone` is exactly `[tokens, 1]` and borrowed exclusively.
+                    unsafe {
+                        matmul_rows_into(isa, &w, r..r + 1, &x, &block_sums(&x), tokens, out)
+                    };
+                    for t in 0..tokens {
+                        assert_eq!(
+                            alone[t].to_bits(),
+                            all[t * rows + r].to_bits(),
+                            "{isa:?} {dtype} row {r} of {tokens} tokens"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn float_rows_not_a_multiple_of_32_use_the_portable_path() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
