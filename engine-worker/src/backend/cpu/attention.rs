@@ -29,6 +29,31 @@ struct Shared<'a> {
     scale: f32,
 }
 
+/// Where one (token, head) item reads: its query, its KV head and its token's blocks.
+struct Item<'a> {
+    /// `[head_dim]`.
+    q: &'a [f32],
+    kv_head: usize,
+    /// Positions attended: the token's own and every one before it.
+    len: usize,
+    /// The block table's entries that hold those positions.
+    blocks: &'a [u32],
+}
+
+impl Shared<'_> {
+    fn item(&self, item: usize) -> Item<'_> {
+        let (t, h) = (item / self.heads, item % self.heads);
+        let slot = &self.slots[t];
+        let len = slot.pos + 1;
+        Item {
+            q: &self.q[item * self.head_dim..(item + 1) * self.head_dim],
+            kv_head: h / self.group,
+            len,
+            blocks: &slot.block_table[..len.div_ceil(self.cache.block_size)],
+        }
+    }
+}
+
 /// `out[t, h] = softmax(q[t, h] · K[0..=pos]ᵀ / √d) · V[0..=pos]`; `q` and `out` are
 /// `[tokens, heads * head_dim]`.
 pub(crate) fn attention(
@@ -106,7 +131,7 @@ mod avx512;
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::Shared;
+    use super::{Item, Shared};
 
     #[target_feature(enable = "avx2,fma")]
     #[inline]
@@ -128,13 +153,14 @@ mod simd {
     ) {
         debug_assert!(HD.is_multiple_of(8) && s.head_dim == HD && o.len() == HD);
         let chunks = HD / 8;
-        let (t, h) = (item / s.heads, item % s.heads);
-        let slot = &s.slots[t];
-        let kv_head = h / s.group;
+        let Item {
+            q,
+            kv_head,
+            len,
+            blocks,
+        } = s.item(item);
         let bs = s.cache.block_size;
-        let len = slot.pos + 1;
-        let blocks = len.div_ceil(bs);
-        let q = s.q[item * HD..(item + 1) * HD].as_ptr();
+        let q = q.as_ptr();
         // Index loops over a constant bound: they unroll fully (iterator adapters would not be
         // inlined into this target-feature function).
         let mut qv = [_mm256_setzero_ps(); 16];
@@ -143,7 +169,7 @@ mod simd {
         }
 
         scores.clear();
-        for (bi, &block) in slot.block_table[..blocks].iter().enumerate() {
+        for (bi, &block) in blocks.iter().enumerate() {
             let (keys, _) = s.cache.tile(s.layer, block as usize, kv_head);
             let in_block = (len - bi * bs).min(bs);
             for k in keys.chunks_exact(HD).take(in_block) {
@@ -163,7 +189,7 @@ mod simd {
         }
 
         let mut acc = [_mm256_setzero_ps(); 16];
-        for (bi, &block) in slot.block_table[..blocks].iter().enumerate() {
+        for (bi, &block) in blocks.iter().enumerate() {
             let (_, values) = s.cache.tile(s.layer, block as usize, kv_head);
             let weights = &scores[bi * bs..(bi * bs + bs).min(len)];
             for (&w, v) in weights.iter().zip(values.chunks_exact(HD)) {
@@ -185,16 +211,16 @@ mod simd {
 #[inline(always)]
 fn attend(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>) {
     let head_dim = s.head_dim;
-    let (t, h) = (item / s.heads, item % s.heads);
-    let slot = &s.slots[t];
-    let q_h = &s.q[item * head_dim..(item + 1) * head_dim];
-    let kv_head = h / s.group;
+    let Item {
+        q: q_h,
+        kv_head,
+        len,
+        blocks,
+    } = s.item(item);
     let bs = s.cache.block_size;
-    let len = slot.pos + 1;
-    let blocks = len.div_ceil(bs);
 
     scores.clear();
-    for (bi, &block) in slot.block_table[..blocks].iter().enumerate() {
+    for (bi, &block) in blocks.iter().enumerate() {
         let (keys, _) = s.cache.tile(s.layer, block as usize, kv_head);
         let in_block = (len - bi * bs).min(bs);
         for k in keys.chunks_exact(head_dim).take(in_block) {
@@ -209,7 +235,7 @@ fn attend(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>) {
     }
 
     o.fill(0.0);
-    for (bi, &block) in slot.block_table[..blocks].iter().enumerate() {
+    for (bi, &block) in blocks.iter().enumerate() {
         let (_, values) = s.cache.tile(s.layer, block as usize, kv_head);
         let weights = &scores[bi * bs..(bi * bs + bs).min(len)];
         for (w, v) in weights.iter().zip(values.chunks_exact(head_dim)) {

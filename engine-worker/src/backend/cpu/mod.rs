@@ -6,6 +6,8 @@
 
 mod aligned;
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod folds;
 mod kernels;
 mod kv_cache;
 mod llama;

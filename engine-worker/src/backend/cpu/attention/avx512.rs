@@ -10,41 +10,22 @@
 
 use std::arch::x86_64::*;
 
-use super::Shared;
+use super::super::folds::{halves, pairs, quads};
+use super::{Item, Shared};
 
 /// Lane `p` = the sum of `v[p]`'s 16 lanes, every vector by the same tree (lane `i` + lane
 /// `i + 8`, then `+ 4`, `+ 2`, `+ 1`), so a sum does not depend on the other vectors.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[inline]
 unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
-    // [a's lanes i + (i + 8) | b's]: each vector folded to 8 lanes, two per register.
-    let halves = |a, b| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        )
-    };
-    // Four vectors' 4-lane folds, one per 128-bit quarter.
-    let quads = |ab, cd| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(ab, cd),
-            _mm512_shuffle_f32x4::<0xDD>(ab, cd),
-        )
-    };
-    let u: [__m512; 4] = std::array::from_fn(|m| {
-        quads(
-            halves(v[4 * m], v[4 * m + 1]),
-            halves(v[4 * m + 2], v[4 * m + 3]),
-        )
-    });
+    // Quarter k of the m-th: v[4m + k] folded to 4 lanes (no closure: it would not inherit
+    // this function's target features, nor inline the folds).
+    let u0 = quads(halves(v[0], v[1]), halves(v[2], v[3]));
+    let u1 = quads(halves(v[4], v[5]), halves(v[6], v[7]));
+    let u2 = quads(halves(v[8], v[9]), halves(v[10], v[11]));
+    let u3 = quads(halves(v[12], v[13]), halves(v[14], v[15]));
     // Quarter k: [v[k] 2-lane fold, v[4 + k]'s] (and v[8 + k], v[12 + k] in `high`).
-    let pairs = |a, b| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    };
-    let (low, high) = (pairs(u[0], u[1]), pairs(u[2], u[3]));
+    let (low, high) = (pairs(u0, u1), pairs(u2, u3));
     // Quarter k: the sums of v[k], v[4 + k], v[8 + k], v[12 + k]: lane 4k + j holds v[4j + k].
     let sums = _mm512_add_ps(
         _mm512_shuffle_ps::<0x88>(low, high),
@@ -182,19 +163,19 @@ pub(super) unsafe fn attend<const HD: usize>(
     scores: &mut Vec<f32>,
 ) {
     debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD && o.len() == HD);
-    let (t, h) = (item / s.heads, item % s.heads);
-    let slot = &s.slots[t];
-    let kv_head = h / s.group;
+    let Item {
+        q: q_h,
+        kv_head,
+        len,
+        blocks: block_table,
+    } = s.item(item);
     let bs = s.cache.block_size;
-    let len = slot.pos + 1;
-    let blocks = len.div_ceil(bs);
-    let q_ptr = s.q[item * HD..(item + 1) * HD].as_ptr();
+    let q_ptr = q_h.as_ptr();
     let mut q = [_mm512_setzero_ps(); 8];
     for c in 0..HD / 16 {
         q[c] = _mm512_loadu_ps(q_ptr.add(16 * c));
     }
 
-    let block_table = &slot.block_table[..blocks];
     scores_of::<HD>(s, &q, kv_head, block_table, len, scores);
     let total = exponentiate(scores);
 

@@ -16,6 +16,7 @@ pub(super) use imp::dot_group_rows;
 mod imp {
     use std::arch::x86_64::*;
 
+    use super::super::super::folds::{halves, pairs, quads};
     use super::super::{GroupInput, RowRange, MAX_GROUP};
     use crate::model::{WeightType, QK};
 
@@ -167,28 +168,11 @@ mod imp {
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     #[inline]
     unsafe fn hsum8(v: &[__m512; 8]) -> [f32; 8] {
-        // [a's 8 lanes | b's 8 lanes]: a[i] + a[i + 8].
-        let halves = |a, b| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x44>(a, b),
-                _mm512_shuffle_f32x4::<0xEE>(a, b),
-            )
-        };
-        // Four tokens' quads, one per 128-bit lane: fold[i] + fold[i + 4].
-        let quads = |ab, cd| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x88>(ab, cd),
-                _mm512_shuffle_f32x4::<0xDD>(ab, cd),
-            )
-        };
         let low = quads(halves(v[0], v[1]), halves(v[2], v[3]));
         let high = quads(halves(v[4], v[5]), halves(v[6], v[7]));
         // Per 128-bit lane k: [k's q0 + q2, k's q1 + q3, (k + 4)'s q0 + q2, (k + 4)'s q1 + q3].
-        let pairs = _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(low, high),
-            _mm512_shuffle_ps::<0xEE>(low, high),
-        );
-        let sums = _mm512_add_ps(pairs, _mm512_permute_ps::<0xB1>(pairs));
+        let folded = pairs(low, high);
+        let sums = _mm512_add_ps(folded, _mm512_permute_ps::<0xB1>(folded));
         let mut lanes = [0f32; 16];
         _mm512_storeu_ps(lanes.as_mut_ptr(), sums);
         std::array::from_fn(|t| lanes[(t % 4) * 4 + (t / 4) * 2])

@@ -26,39 +26,36 @@ macro_rules! row_range_kernels {
             range: RowRange,
             group: &GroupInput<'_>,
         ) {
+            let whole = range.count / R * R;
+            dot_row_span::<F, R, N>(range, group, 0..whole);
+            dot_row_span::<F, 1, N>(range, group, whole..range.count);
+        }
+
+        /// [`dot`] for rows `rows` of `range` (a multiple of `R` of them), `R` per call.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn dot_row_span<F: Format, const R: usize, const N: usize>(
+            range: RowRange,
+            group: &GroupInput<'_>,
+            rows: std::ops::Range<usize>,
+        ) {
             let blocks = group.cols / QK;
             let (row_stride, scale_stride) = (blocks * F::BLOCK_BYTES, blocks * F::SCALES);
-            let store = |first: usize, res: &[[f32; MAX_GROUP]]| {
+            let mut res = [[0f32; MAX_GROUP]; R];
+            for first in rows.step_by(R) {
+                dot::<F, R, N>(
+                    range.rows.add(first * row_stride),
+                    row_stride,
+                    range.scales.add(first * scale_stride),
+                    scale_stride,
+                    group,
+                    &mut res,
+                );
                 for (r, row_res) in res.iter().enumerate() {
                     for (t, v) in row_res.iter().enumerate().take(N) {
                         *range.out.add(t * range.token_stride + first + r) = *v;
                     }
                 }
-            };
-            let whole = range.count / R * R;
-            let mut res = [[0f32; MAX_GROUP]; R];
-            for i in (0..whole).step_by(R) {
-                dot::<F, R, N>(
-                    range.rows.add(i * row_stride),
-                    row_stride,
-                    range.scales.add(i * scale_stride),
-                    scale_stride,
-                    group,
-                    &mut res,
-                );
-                store(i, &res);
-            }
-            let mut one = [[0f32; MAX_GROUP]; 1];
-            for i in whole..range.count {
-                dot::<F, 1, N>(
-                    range.rows.add(i * row_stride),
-                    row_stride,
-                    range.scales.add(i * scale_stride),
-                    scale_stride,
-                    group,
-                    &mut one,
-                );
-                store(i, &one);
             }
         }
 
