@@ -1,7 +1,7 @@
 //! The real engine-worker binary on free loopback ports, with this test playing the
 //! token-processor (ROUTER, acknowledging heartbeats) and an api-server (DEALER): readiness in
 //! the hello, a request served and reported in numbered step batches, refusal of a bad request,
-//! hello + resync on connect, every batch acknowledged, a stalled link (acknowledgements stop)
+//! heartbeats while the model loads, a ready hello + resync after it, every batch acknowledged, a stalled link (acknowledgements stop)
 //! detected and resynced, abort of a silent api-server's requests, and a SIGTERM drain that ends
 //! with a goodbye and exit status 0.
 
@@ -244,8 +244,12 @@ async fn worker_serves_resyncs_aborts_and_drains() {
         }
     }
 
-    // The token-processor side saw hello then resync.
+    // The token-processor side: a not-ready hello, heartbeats while the model loads (a silent
+    // load longer than the liveness window got the worker declared dead), then a ready hello
+    // and the resync.
     let mut epoch = None;
+    let mut hello_ready = None;
+    let mut beats_while_loading = 0;
     let mut resynced = false;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(3 * HEARTBEAT_MS) + SLACK;
     while !resynced {
@@ -254,14 +258,26 @@ async fn worker_serves_resyncs_aborts_and_drains() {
             "no resync after the hello"
         );
         match recv_tp(&mut pull).await {
-            WorkerToTp::Hello(h) => epoch = Some(h.epoch),
+            WorkerToTp::Hello(h) => {
+                epoch = Some(h.epoch);
+                hello_ready = Some(h.ready);
+            }
+            WorkerToTp::Heartbeat(hb) if hello_ready == Some(false) => {
+                assert_eq!(hb.next_seq, 0, "a batch numbered while loading");
+                beats_while_loading += 1;
+            }
             WorkerToTp::Resync(r) => {
                 assert_eq!(Some(r.epoch), epoch, "resync follows a hello");
+                assert_eq!(hello_ready, Some(true), "the resync's hello says ready");
                 resynced = true;
             }
             _ => {}
         }
     }
+    assert!(
+        beats_while_loading > 0,
+        "no heartbeat while the model loaded"
+    );
 
     // A request runs to its max_tokens, reported in batches numbered without holes.
     let prompt = vec![1, 9690, 198, 2683, 359, 253, 5356, 2683, 359, 253, 5356];

@@ -1,6 +1,8 @@
 //! The token-processor link: a DEALER, connected by us, re-created by `link::connect` whenever
 //! it breaks or stalls. Every (re)connect says hello and asks the step loop for a resync; batches
-//! queued before that resync are stale and dropped.
+//! queued before that resync are stale and dropped. While the model loads there is no step loop
+//! to resync: the link beats anyway (no batch numbered yet), and the resync after the load comes
+//! behind a hello that says the worker is ready.
 //!
 //! The token-processor answers every heartbeat with an acknowledgement of the batches it took
 //! (by sequence number). Acknowledgements silent past the liveness window (`link::liveness`:
@@ -147,11 +149,12 @@ async fn serve_connection(
     mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
 ) -> LinkEnd {
     status.request_resync();
-    if !send(socket, &WorkerToTp::Hello(status.hello()), cfg.send_timeout).await {
+    let hello = status.hello();
+    if !send(socket, &WorkerToTp::Hello(hello.clone()), cfg.send_timeout).await {
         return LinkEnd::Broken("hello not sent");
     }
     let liveness = Liveness::new(cfg.heartbeat_interval);
-    let mut conn = Connection::new(cfg, status, socket, liveness);
+    let mut conn = Connection::new(cfg, status, socket, liveness, hello.ready);
     let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -187,6 +190,9 @@ struct Connection<'a> {
     socket: &'a mut DealerSendHalf,
     liveness: Liveness,
     last_hello: Instant,
+    /// Whether our last hello said the model is loaded: the resync that follows the load is
+    /// preceded by a hello that says so.
+    hello_said_ready: bool,
     /// Batches queued before the resync are stale: dropped until it is sent.
     awaiting_resync: bool,
     /// Heartbeats carry the next seq actually sent on this socket: the step loop's counter also
@@ -202,6 +208,7 @@ impl<'a> Connection<'a> {
         status: &'a WorkerStatus,
         socket: &'a mut DealerSendHalf,
         liveness: Liveness,
+        hello_said_ready: bool,
     ) -> Self {
         let last_hello = Instant::now();
         // The connect counts as the token-processor's hello: it has one window to acknowledge
@@ -214,6 +221,7 @@ impl<'a> Connection<'a> {
             socket,
             liveness,
             last_hello,
+            hello_said_ready,
             awaiting_resync: true,
             sent_next_seq: None,
             tp,
@@ -239,10 +247,10 @@ impl<'a> Connection<'a> {
                 WorkerToTp::Step(batch)
             }
             TpOutbound::Resync(resync) => {
-                // A resync always follows a hello, also one after a local overflow.
-                if !self.awaiting_resync {
-                    let hello = WorkerToTp::Hello(self.status.hello());
-                    self.send_or_break(&hello, "hello not sent").await?;
+                // A resync always follows a hello, also one after a local overflow, and one
+                // that says the model is loaded.
+                if !self.awaiting_resync || !self.hello_said_ready {
+                    self.send_hello().await?;
                 }
                 self.awaiting_resync = false;
                 self.sent_next_seq = Some(resync.next_seq);
@@ -264,14 +272,16 @@ impl<'a> Connection<'a> {
     async fn on_tick(&mut self, sweeper: &mut Sweeper) -> ControlFlow<LinkEnd> {
         let now = Instant::now();
         let sweep = sweeper.begin(now);
-        // Until the resync is on the wire this socket has carried no batch: a heartbeat would
-        // announce the step loop's counter to a token-processor that still expects the old
-        // connection's next batch, and it would fail every request for a gap the resync is
-        // about to fill. So we send nothing the token-processor answers, and its silence says
-        // nothing yet: its window starts with our first heartbeat. (Judged from the connect, a
-        // worker loading or calibrating its model for longer than a window dropped a healthy
-        // link, and the batches queued on it.)
-        if self.awaiting_resync {
+        // While the model loads no batch has been numbered, so a heartbeat saying "next: 0" is
+        // true and keeps both sides' liveness windows honest through a long load (silent, the
+        // token-processor declared a loading worker dead). Once the step loop runs, until the
+        // resync is on the wire this socket has carried no batch: a heartbeat would announce the
+        // step loop's counter to a token-processor that still expects the old connection's next
+        // batch, and it would fail every request for a gap the resync is about to fill. So we
+        // send nothing the token-processor answers, and its silence says nothing yet: its window
+        // starts with our first heartbeat.
+        let loading = !self.status.is_ready();
+        if self.awaiting_resync && !loading {
             self.tp.forgive(now);
             return ControlFlow::Continue(());
         }
@@ -286,7 +296,10 @@ impl<'a> Connection<'a> {
             Sweep::Forgive { .. } => self.tp.forgive(now),
         }
         let mut beat = self.status.heartbeat();
-        beat.next_seq = self.sent_next_seq.unwrap_or(beat.next_seq);
+        beat.next_seq = match (loading, self.sent_next_seq) {
+            (true, _) => 0,
+            (false, sent) => sent.unwrap_or(beat.next_seq),
+        };
         self.send_or_break(&WorkerToTp::Heartbeat(beat), "send timed out")
             .await
     }
@@ -307,9 +320,15 @@ impl<'a> Connection<'a> {
             self.last_hello = now;
             self.status.request_resync();
             self.awaiting_resync = true;
-            let hello = WorkerToTp::Hello(self.status.hello());
-            self.send_or_break(&hello, "hello not sent").await?;
+            self.send_hello().await?;
         }
         ControlFlow::Continue(())
+    }
+
+    async fn send_hello(&mut self) -> ControlFlow<LinkEnd> {
+        let hello = self.status.hello();
+        self.hello_said_ready = hello.ready;
+        self.send_or_break(&WorkerToTp::Hello(hello), "hello not sent")
+            .await
     }
 }
