@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod engine;
 mod error;
+pub mod huge_pages;
 pub mod io;
 pub mod kv;
 pub mod model;

@@ -389,7 +389,9 @@ impl<B: Backend> Engine<B> {
     /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
     /// running sequence its verdict.
     fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
+        let planning = std::time::Instant::now();
         let planned = self.plan_drafts();
+        let plan_us = planning.elapsed().as_micros() as u64;
         let running = self.scheduler.running();
         recompute_resumed(&mut self.backend, running)?;
         let chunks = verify_chunks(running, &planned);
@@ -413,10 +415,24 @@ impl<B: Backend> Engine<B> {
         }
         // Steps with a prompt in them cost differently per token: only verify steps teach the
         // policy what a verify token costs.
-        if forwards.iter().all(|f| f.logits == LogitsFor::All) {
-            let tokens = forwards.iter().map(|f| f.tokens.len()).sum();
-            self.planner
-                .observe_forward(tokens, started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        let tokens: usize = forwards.iter().map(|f| f.tokens.len()).sum();
+        let verify_rows = forwards
+            .iter()
+            .filter(|f| f.logits == LogitsFor::All)
+            .count();
+        tracing::debug!(
+            tokens,
+            verify_rows,
+            prompt_rows = forwards.len() - verify_rows,
+            drafted = planned.iter().map(|(d, _)| d.len()).sum::<usize>(),
+            accepted = verdicts.iter().map(|v| v.accepted).sum::<usize>(),
+            plan_us,
+            forward_us = (seconds * 1e6) as u64,
+            "step"
+        );
+        if verify_rows == forwards.len() {
+            self.planner.observe_forward(tokens, seconds);
         }
         Ok(verdicts
             .into_iter()

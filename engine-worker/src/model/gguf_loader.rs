@@ -11,10 +11,14 @@ use super::dtype::{dequantize_row, WeightType};
 use super::tensor::{Blob, WeightMatrix};
 use super::weights::{ModelWeights, TensorRole, TensorSource};
 use super::{Model, TokenizerData};
+use crate::huge_pages::HugeBuf;
 use crate::EngineError;
 
 struct GgufSource {
     file: Arc<GgufFile>,
+    /// The file's bytes copied onto huge pages (see `huge_pages`): the weights the kernels
+    /// stream every step, read through a few hundred TLB entries instead of tens of thousands.
+    blob: Blob,
 }
 
 fn meta_err(path: &Path) -> impl Fn(gguf::GgufError) -> EngineError + '_ {
@@ -24,12 +28,20 @@ fn meta_err(path: &Path) -> impl Fn(gguf::GgufError) -> EngineError + '_ {
     }
 }
 
-/// Opens a GGUF model: hyper-parameters, tokenizer fields and (mapped, still quantized) weights.
+/// Opens a GGUF model: hyper-parameters, tokenizer fields and weights (still quantized, copied
+/// onto huge pages).
 pub fn load_gguf(path: &Path) -> Result<Model, EngineError> {
     let file = Arc::new(GgufFile::open(path).map_err(meta_err(path))?);
     let config = config_from_gguf(&file, path)?;
     let tokenizer = tokenizer_from_gguf(file.metadata()).map_err(meta_err(path))?;
-    let src = GgufSource { file };
+    let copy = HugeBuf::copy_of(file.bytes()).map_err(|source| EngineError::ModelIo {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let src = GgufSource {
+        file,
+        blob: Blob::Huge(Arc::new(copy)),
+    };
     let weights = ModelWeights::load(&config, &src)?;
     Ok(Model {
         config,
@@ -226,15 +238,8 @@ impl TensorSource for GgufSource {
             });
         }
         let offset = (self.file.data_offset() + info.offset) as usize;
-        WeightMatrix::new(
-            name,
-            dtype,
-            rows,
-            cols,
-            Blob::Gguf(self.file.clone()),
-            offset,
-        )
-        .ok_or_else(|| EngineError::InvalidConfig(format!("tensor {name} data out of bounds")))
+        WeightMatrix::new(name, dtype, rows, cols, self.blob.clone(), offset)
+            .ok_or_else(|| EngineError::InvalidConfig(format!("tensor {name} data out of bounds")))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {

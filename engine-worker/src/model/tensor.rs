@@ -8,7 +8,8 @@ use super::dtype::{dequantize_row, WeightType};
 /// The bytes a weight lives in, shared by every tensor cut from it.
 #[derive(Clone)]
 pub enum Blob {
-    Gguf(Arc<gguf::GgufFile>),
+    /// A copy on huge pages (GGUF files, see `huge_pages`).
+    Huge(Arc<crate::huge_pages::HugeBuf>),
     Mmap(Arc<memmap2::Mmap>),
     Owned(Arc<Vec<u8>>),
 }
@@ -16,7 +17,7 @@ pub enum Blob {
 impl Blob {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Blob::Gguf(f) => f.bytes(),
+            Blob::Huge(h) => h.as_bytes(),
             Blob::Mmap(m) => m,
             Blob::Owned(v) => v,
         }

@@ -1,7 +1,7 @@
 //! Paged KV cache memory: per layer, keys and values as `[block, kv_head, slot, head_dim]` f32,
 //! so one block of one KV head is a contiguous `[block_size, head_dim]` tile for attention.
 
-use super::aligned::LineBuf;
+use crate::huge_pages::HugeF32;
 use crate::model::ModelConfig;
 use crate::EngineError;
 
@@ -10,10 +10,11 @@ pub(crate) struct KvCache {
     pub num_blocks: usize,
     kv_heads: usize,
     head_dim: usize,
-    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`, on a cache line (with
-    /// `head_dim` a multiple of 16, so is every key and value row attention loads).
-    keys: Vec<LineBuf>,
-    values: Vec<LineBuf>,
+    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`, page-aligned (with
+    /// `head_dim` a multiple of 16, every key and value row attention loads is on a cache line)
+    /// and on huge pages where the kernel gives them: a block's tile is one 4 KiB page.
+    keys: Vec<HugeF32>,
+    values: Vec<HugeF32>,
 }
 
 impl KvCache {
@@ -41,18 +42,26 @@ impl KvCache {
         // Reserve the whole cache now, as vLLM does: zeroed allocations are mapped lazily, so
         // without touching every page an oversized cache would fail mid-run instead of at start,
         // and RSS would creep up as blocks are first used.
-        let layer = || {
-            let mut cache = LineBuf::zeroed(per_layer);
+        let layer = || -> Result<HugeF32, EngineError> {
+            let mut cache = HugeF32::zeroed(per_layer).map_err(|e| {
+                EngineError::InvalidConfig(format!(
+                    "cannot allocate a KV cache of {num_blocks} blocks: {e}"
+                ))
+            })?;
             prefault(cache.as_mut_slice());
-            cache
+            Ok(cache)
         };
         Ok(Self {
             block_size,
             num_blocks,
             kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
-            keys: (0..config.num_layers).map(|_| layer()).collect(),
-            values: (0..config.num_layers).map(|_| layer()).collect(),
+            keys: (0..config.num_layers)
+                .map(|_| layer())
+                .collect::<Result<_, _>>()?,
+            values: (0..config.num_layers)
+                .map(|_| layer())
+                .collect::<Result<_, _>>()?,
         })
     }
 
