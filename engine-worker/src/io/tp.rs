@@ -149,12 +149,11 @@ async fn serve_connection(
     mut monitor: futures::channel::mpsc::Receiver<SocketEvent>,
 ) -> LinkEnd {
     status.request_resync();
-    let hello = status.hello();
-    if !send(socket, &WorkerToTp::Hello(hello.clone()), cfg.send_timeout).await {
-        return LinkEnd::Broken("hello not sent");
-    }
     let liveness = Liveness::new(cfg.heartbeat_interval);
-    let mut conn = Connection::new(cfg, status, socket, liveness, hello.ready);
+    let mut conn = Connection::new(cfg, status, socket, liveness);
+    if let ControlFlow::Break(end) = conn.send_hello().await {
+        return end;
+    }
     let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(cfg.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -202,13 +201,12 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    /// Just after our hello.
+    /// Just before our hello.
     fn new(
         cfg: &'a TpLinkConfig,
         status: &'a WorkerStatus,
         socket: &'a mut DealerSendHalf,
         liveness: Liveness,
-        hello_said_ready: bool,
     ) -> Self {
         let last_hello = Instant::now();
         // The connect counts as the token-processor's hello: it has one window to acknowledge
@@ -221,7 +219,7 @@ impl<'a> Connection<'a> {
             socket,
             liveness,
             last_hello,
-            hello_said_ready,
+            hello_said_ready: false,
             awaiting_resync: true,
             sent_next_seq: None,
             tp,

@@ -1,9 +1,18 @@
-//! Horizontal-sum steps for AVX-512, shared by the row-dot kernels and attention: each step
-//! folds several vectors at once, and every vector's own lanes go through the same tree (lane
+//! Horizontal sums shared by the row-dot kernels and attention. [`hsum8`] for AVX2; the AVX-512
+//! steps fold several vectors at once, and every vector's own lanes go through the same tree (lane
 //! `i` + lane `i + 8`, then `+ 4`, `+ 2`, `+ 1`) whatever its neighbours, so a sum taken among
 //! others has the bits it has alone.
 
 use std::arch::x86_64::*;
+
+/// The sum of `v`'s 8 lanes in a fixed order (halves, then pairs, then the last two).
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
+}
 
 /// `[a's lanes i + (i + 8) | b's]`: two vectors folded to 8 lanes each, one per 256-bit half.
 #[target_feature(enable = "avx512f")]

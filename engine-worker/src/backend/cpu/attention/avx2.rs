@@ -3,15 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use super::super::folds::hsum8;
 use super::{Item, Shared};
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn hsum(v: __m256) -> f32 {
-    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-    _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
-}
 
 /// # Safety
 /// AVX2 and FMA must be available; `HD == s.head_dim`, `o.len() == HD`.
@@ -50,7 +43,7 @@ pub(super) unsafe fn attend<const HD: usize>(
             for c in 1..chunks {
                 acc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k.add(8 * c)), acc);
             }
-            scores.push(hsum(acc) * s.scale);
+            scores.push(hsum8(acc) * s.scale);
         }
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);

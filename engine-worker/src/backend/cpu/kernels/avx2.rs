@@ -11,6 +11,7 @@ pub(super) use imp::dot_group_rows;
 mod imp {
     use std::arch::x86_64::*;
 
+    use super::super::super::folds::hsum8;
     use super::super::{GroupInput, RowRange, MAX_GROUP};
     use crate::model::{WeightType, QK};
 
@@ -150,15 +151,6 @@ mod imp {
         }
     }
 
-    /// Horizontal sum in a fixed order.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-        _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps::<1>(pair, pair)))
-    }
-
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn block_dot(q: &[__m256; 4], x: *const f32) -> __m256 {
@@ -241,7 +233,7 @@ mod imp {
             }
         }
         for t in 0..N {
-            out[t] = hsum(acc[t]) + min_terms[t];
+            out[t] = hsum8(acc[t]) + min_terms[t];
         }
     }
 
