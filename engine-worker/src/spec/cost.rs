@@ -22,8 +22,8 @@
 
 //!
 //! On top of the hull, a step per token group: the CPU kernels decode each weight block once per
-//! group of 8 tokens (`Backend::token_group`), so a forward of 9 tokens pays a whole second pass
-//! over the weights for its ninth. Measured with the forward bench (verify-shaped steps after
+//! group of tokens (`Backend::token_group`: 8 with AVX2, 12 with AVX-512), so a forward of one
+//! token past a group pays a whole further pass over the weights for it. Measured with the forward bench (verify-shaped steps after
 //! 256 positions, 2026-12-03): 8 tokens 22.5 ms, 9 tokens 26.7, 16 tokens 42.9, 17 tokens 49.9,
 //! 24 tokens 60.5, 25 tokens 63.6: 1.5–2.3 ms a token inside a group, 3–7 ms for the first of a
 //! new group. The hull runs through the doublings (whole groups past the first); the

@@ -1,8 +1,9 @@
 //! Causal self-attention over the paged KV cache, with grouped-query heads. Each (token, head)
-//! is computed on its own, in a fixed order over the sequence's positions, so results do not
-//! depend on the rest of the batch, nor on whether the token came in a prefill or a decode.
-//! The portable path is here; `avx2.rs` and `avx512.rs` hold the SIMD ones for the common head
-//! sizes, chosen by the backend's instruction set.
+//! is computed by the same instructions in a fixed order over the sequence's positions, so
+//! results do not depend on the rest of the batch, nor on whether the token came in a prefill
+//! or a decode. The portable path is here; `avx2.rs` and `avx512.rs` hold the SIMD ones for the
+//! common head sizes, chosen by the backend's instruction set (the AVX-512 one serves a
+//! sequence's tokens and a KV head's query heads together from each fetch of keys and values).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -85,6 +86,18 @@ pub(crate) fn attention(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F/VL, AVX2 and FMA;
+        // `out` has `q`'s shape.
+        unsafe {
+            match head_dim {
+                64 => return avx512::attention::<64>(&shared, out),
+                128 => return avx512::attention::<128>(&shared, out),
+                _ => {}
+            }
+        }
+    }
     let one = |scores: &mut Vec<f32>, (item, o): (usize, &mut [f32])| {
         attend_dispatch(&shared, item, o, scores, isa);
     };
@@ -105,17 +118,6 @@ pub(crate) fn attention(
 }
 
 fn attend_dispatch(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>, isa: Isa) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F/VL, AVX2 and FMA.
-        unsafe {
-            match s.head_dim {
-                64 => return avx512::attend::<64>(s, item, o, scores),
-                128 => return avx512::attend::<128>(s, item, o, scores),
-                _ => {}
-            }
-        }
-    }
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         // SAFETY: a SIMD ISA is only selected when the CPU has AVX2 and FMA.

@@ -173,7 +173,7 @@ impl Backend for CpuBackend {
     }
 
     fn token_group(&self) -> usize {
-        kernels::MAX_GROUP
+        self.isa.token_group()
     }
 }
 

@@ -4,14 +4,30 @@
 //! taken 16 at a time ([`exp16`]), and the weighted sum of values alternates two sets of
 //! accumulators (even and odd positions) to halve the FMA latency per position.
 //!
+//! Work is cut into runs ([`Run`]): up to [`RUN_TOKENS`] consecutive tokens of one sequence
+//! and one KV head, with every query head that reads it (grouped-query attention). A run
+//! reads each chunk of keys and each block of values once from the cache and serves all its
+//! query rows from the first level cache: one row at a time, each key and value row was fetched
+//! again for every query head and token, and at a few hundred positions attention waited on
+//! the second level cache rather than on its FMAs.
+//!
 //! Every position's score, and so every token's output, is computed by the same instructions
-//! whatever its neighbours: a lane's sum depends only on its own vector, and the even/odd split
-//! follows the position in its KV block (blocks hold an even number of positions).
+//! whatever its neighbours: a lane's sum depends only on its own vector, the even/odd split
+//! follows the position in its KV block (blocks hold an even number of positions), and a row's
+//! accumulators go through memory between blocks, which does not change their values.
 
 use std::arch::x86_64::*;
 
+use rayon::prelude::*;
+
 use super::super::folds::{halves, pairs, quads};
-use super::{Item, Shared};
+use super::Shared;
+
+/// Most tokens of one sequence in a [`Run`]: enough rows to share each key and value fetch,
+/// few enough that a long prompt still splits into many parallel runs.
+const RUN_TOKENS: usize = 8;
+/// Runs per pool thread below which runs get shorter, for load balance.
+const RUNS_PER_THREAD: usize = 4;
 
 /// Lane `p` = the sum of `v[p]`'s 16 lanes, every vector by the same tree (lane `i` + lane
 /// `i + 8`, then `+ 4`, `+ 2`, `+ 1`), so a sum does not depend on the other vectors.
@@ -80,50 +96,6 @@ unsafe fn dot<const HD: usize>(q: &[__m512; 8], k: *const f32) -> __m512 {
     acc
 }
 
-/// Scaled scores of the token's positions `0..len` into `scores`, 16 positions at a time.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-#[inline]
-unsafe fn scores_of<const HD: usize>(
-    s: &Shared<'_>,
-    q: &[__m512; 8],
-    kv_head: usize,
-    block_table: &[u32],
-    len: usize,
-    scores: &mut Vec<f32>,
-) {
-    let bs = s.cache.block_size;
-    let keys_of = |block: usize| {
-        s.cache
-            .tile(s.layer, block_table[block] as usize, kv_head)
-            .0
-    };
-    let scale = _mm512_set1_ps(s.scale);
-    scores.clear();
-    scores.resize(len.next_multiple_of(16), 0.0);
-    for start in (0..len).step_by(16) {
-        // Consecutive positions: one division per chunk, then walk the block tiles.
-        let (mut block, mut slot) = (start / bs, start % bs);
-        let mut keys = keys_of(block);
-        let first = keys[slot * HD..].as_ptr();
-        // A short last chunk repeats its first row in the unused lanes (each lane is its own).
-        let rows: [*const f32; 16] = std::array::from_fn(|j| {
-            if start + j >= len {
-                return first;
-            }
-            if slot == bs {
-                (block, slot) = (block + 1, 0);
-                keys = keys_of(block);
-            }
-            slot += 1;
-            keys[(slot - 1) * HD..].as_ptr()
-        });
-        let dots: [__m512; 16] = std::array::from_fn(|j| dot::<HD>(q, rows[j]));
-        let chunk = _mm512_mul_ps(hsum16(&dots), scale);
-        _mm512_storeu_ps(scores.as_mut_ptr().add(start), chunk);
-    }
-    scores.truncate(len);
-}
-
 /// Softmax weights in place (unnormalised: `e^(x - max)`); returns their sum.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[inline]
@@ -151,57 +123,221 @@ unsafe fn exponentiate(scores: &mut [f32]) -> f32 {
     _mm512_reduce_add_ps(total)
 }
 
+/// Consecutive tokens of one sequence (they share a block table) and query heads of one KV
+/// head: the query rows are every (token, head) pair, token-major.
+struct Run {
+    /// The run's tokens in the batch: `first..first + tokens`.
+    first: usize,
+    tokens: usize,
+    kv_head: usize,
+    /// The run's query heads among `kv_head`'s group: `heads.start..heads.end`.
+    heads: std::ops::Range<usize>,
+}
+
+/// The batch cut into [`Run`]s: tokens that share a block table and follow each other, times
+/// every KV head with all its query heads; at most [`RUN_TOKENS`] tokens a run, and with more
+/// than one thread, smaller runs (fewer tokens, then fewer heads) when the batch would
+/// otherwise give each of `threads` threads under [`RUNS_PER_THREAD`] runs (one sequence's single decode token would be three
+/// runs for two threads). Only the split depends on the batch: a row's arithmetic does not.
+fn runs(s: &Shared<'_>, threads: usize) -> Vec<Run> {
+    let kv_heads = s.heads / s.group;
+    let rows_per_run = if threads == 1 {
+        usize::MAX
+    } else {
+        (s.slots.len() * s.heads / (threads * RUNS_PER_THREAD)).max(1)
+    };
+    let tokens_per_run = (rows_per_run / s.group).clamp(1, RUN_TOKENS);
+    let heads_per_run = rows_per_run.min(s.group);
+    let mut out = Vec::new();
+    let mut first = 0;
+    while first < s.slots.len() {
+        let table = s.slots[first].block_table;
+        let mut tokens = 1;
+        while tokens < tokens_per_run
+            && first + tokens < s.slots.len()
+            && std::ptr::eq(s.slots[first + tokens].block_table, table)
+        {
+            tokens += 1;
+        }
+        for kv_head in 0..kv_heads {
+            for start in (0..s.group).step_by(heads_per_run) {
+                out.push(Run {
+                    first,
+                    tokens,
+                    kv_head,
+                    heads: start..(start + heads_per_run).min(s.group),
+                });
+            }
+        }
+        first += tokens;
+    }
+    out
+}
+
+/// Where the runs write: `[tokens, heads * head_dim]`. Runs write disjoint (token, head) rows.
+#[derive(Clone, Copy)]
+struct OutRows(*mut f32);
+// SAFETY: each run writes only its own (token, query head) rows of the output, which
+// `attention` borrows exclusively for the whole call.
+unsafe impl Send for OutRows {}
+unsafe impl Sync for OutRows {}
+
+/// A thread's scratch: per query row of a run, its scores and its output accumulators.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    /// Per row, the sum of its softmax weights.
+    totals: Vec<f32>,
+    /// Per row, `[even; 8]` then `[odd; 8]` (see [`attend_run`]).
+    acc: Vec<[__m512; 16]>,
+}
+
+/// `out[t, h] = softmax(q[t, h] · K[0..=pos]ᵀ / √d) · V[0..=pos]` for every token and head.
+///
 /// # Safety
 /// AVX-512F/VL, AVX2 and FMA must be available; `HD == s.head_dim` (at most 128, a multiple
-/// of 16), `o.len() == HD`.
+/// of 16), `out.len() == s.q.len()`.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-#[allow(clippy::needless_range_loop)] // as in `dot`
-pub(super) unsafe fn attend<const HD: usize>(
+pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32]) {
+    debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD);
+    assert_eq!(out.len(), s.q.len(), "attention output");
+    let work: usize = s.slots.iter().map(|t| t.pos + 1).sum::<usize>() * s.heads * HD;
+    let threads = if work < super::PARALLEL_MIN_WORK {
+        1
+    } else {
+        rayon::current_num_threads()
+    };
+    let runs = runs(s, threads);
+    let out = OutRows(out.as_mut_ptr());
+    // SAFETY (both arms): the caller vouches for the CPU and the shapes; runs write disjoint
+    // rows of `out` (see `OutRows`).
+    if threads == 1 {
+        let mut scratch = Scratch::default();
+        for run in &runs {
+            attend_run::<HD>(s, run, out, &mut scratch);
+        }
+    } else {
+        runs.par_iter()
+            .for_each_init(Scratch::default, |scratch, run| unsafe {
+                attend_run::<HD>(s, run, out, scratch)
+            });
+    }
+}
+
+/// One run: every row's scores, softmax weights and weighted sum of values, a chunk of keys
+/// and a block of values at a time for all rows.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+// Index loops over constant bounds unroll fully (as in `dot`).
+#[allow(clippy::needless_range_loop)]
+unsafe fn attend_run<const HD: usize>(
     s: &Shared<'_>,
-    item: usize,
-    o: &mut [f32],
-    scores: &mut Vec<f32>,
+    run: &Run,
+    out: OutRows,
+    scratch: &mut Scratch,
 ) {
-    debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD && o.len() == HD);
-    let Item {
-        q: q_h,
-        kv_head,
-        len,
-        blocks: block_table,
-    } = s.item(item);
-    let bs = s.cache.block_size;
-    let q_ptr = q_h.as_ptr();
+    let (heads, bs) = (run.heads.len(), s.cache.block_size);
+    let rows = run.tokens * heads;
+    // Row `r` = (token `first + r / heads`, query head `heads.start + r % heads` of the group).
+    let slot = |r: usize| &s.slots[run.first + r / heads];
+    let item = |r: usize| {
+        (run.first + r / heads) * s.heads + run.kv_head * s.group + run.heads.start + r % heads
+    };
+    let len = |r: usize| slot(r).pos + 1;
+    let max_len = (0..rows).map(len).max().unwrap_or(0);
+    let table = &slot(0).block_table[..max_len.div_ceil(bs)];
+    let stride = max_len.next_multiple_of(16);
+    scratch.scores.clear();
+    scratch.scores.resize(rows * stride, 0.0);
+    scratch.acc.clear();
+    scratch.acc.resize(rows, [_mm512_setzero_ps(); 16]);
+
+    // Scores, 16 positions at a time: the chunk's keys are fetched once for every row.
+    let keys_of = |block: usize| s.cache.tile(s.layer, table[block] as usize, run.kv_head).0;
+    let scale = _mm512_set1_ps(s.scale);
+    for start in (0..max_len).step_by(16) {
+        let (mut block, mut slot_in) = (start / bs, start % bs);
+        let mut keys = keys_of(block);
+        let first = keys[slot_in * HD..].as_ptr();
+        // Past the run's longest row, lanes repeat the chunk's first key; a row's lanes past its
+        // own length are dropped with its scores (each lane is its own).
+        let key_rows: [*const f32; 16] = std::array::from_fn(|j| {
+            if start + j >= max_len {
+                return first;
+            }
+            if slot_in == bs {
+                (block, slot_in) = (block + 1, 0);
+                keys = keys_of(block);
+            }
+            slot_in += 1;
+            keys[(slot_in - 1) * HD..].as_ptr()
+        });
+        for r in 0..rows {
+            if len(r) <= start {
+                continue;
+            }
+            let q = query::<HD>(s, item(r));
+            let dots: [__m512; 16] = std::array::from_fn(|j| dot::<HD>(&q, key_rows[j]));
+            let chunk = _mm512_mul_ps(hsum16(&dots), scale);
+            _mm512_storeu_ps(scratch.scores.as_mut_ptr().add(r * stride + start), chunk);
+        }
+    }
+    scratch.totals.clear();
+    for r in 0..rows {
+        let total = exponentiate(&mut scratch.scores[r * stride..r * stride + len(r)]);
+        scratch.totals.push(total);
+    }
+
+    // Weighted values, a block at a time: even and odd positions into separate accumulators
+    // (two FMA chains per output vector), kept in memory between blocks.
+    for (bi, &block) in table.iter().enumerate() {
+        let (_, values) = s.cache.tile(s.layer, block as usize, run.kv_head);
+        for r in 0..rows {
+            let end = len(r).min((bi + 1) * bs);
+            if end <= bi * bs {
+                continue;
+            }
+            let weights = &scratch.scores[r * stride + bi * bs..r * stride + end];
+            let acc = &mut scratch.acc[r];
+            let (mut even, mut odd) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
+            for c in 0..HD / 16 {
+                (even[c], odd[c]) = (acc[c], acc[8 + c]);
+            }
+            let mut pairs = weights.iter().zip(values.chunks_exact(HD));
+            while let Some((&w0, v0)) = pairs.next() {
+                let (w0, v0) = (_mm512_set1_ps(w0), v0.as_ptr());
+                for c in 0..HD / 16 {
+                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0.add(16 * c)), even[c]);
+                }
+                if let Some((&w1, v1)) = pairs.next() {
+                    let (w1, v1) = (_mm512_set1_ps(w1), v1.as_ptr());
+                    for c in 0..HD / 16 {
+                        odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1.add(16 * c)), odd[c]);
+                    }
+                }
+            }
+            acc[..HD / 16].copy_from_slice(&even[..HD / 16]);
+            acc[8..8 + HD / 16].copy_from_slice(&odd[..HD / 16]);
+        }
+    }
+    for r in 0..rows {
+        let (acc, inv) = (&scratch.acc[r], _mm512_set1_ps(1.0 / scratch.totals[r]));
+        let o = out.0.add(item(r) * HD);
+        for c in 0..HD / 16 {
+            let sum = _mm512_add_ps(acc[c], acc[8 + c]);
+            _mm512_storeu_ps(o.add(16 * c), _mm512_mul_ps(sum, inv));
+        }
+    }
+}
+
+/// The query of (token, head) item `item`, `HD / 16` vectors.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // as in `dot`
+unsafe fn query<const HD: usize>(s: &Shared<'_>, item: usize) -> [__m512; 8] {
+    let q_ptr = s.q.as_ptr().add(item * HD);
     let mut q = [_mm512_setzero_ps(); 8];
     for c in 0..HD / 16 {
         q[c] = _mm512_loadu_ps(q_ptr.add(16 * c));
     }
-
-    scores_of::<HD>(s, &q, kv_head, block_table, len, scores);
-    let total = exponentiate(scores);
-
-    // Even and odd positions into separate accumulators: two FMA chains per output vector.
-    let mut even = [_mm512_setzero_ps(); 8];
-    let mut odd = [_mm512_setzero_ps(); 8];
-    for (bi, &block) in block_table.iter().enumerate() {
-        let (_, values) = s.cache.tile(s.layer, block as usize, kv_head);
-        let weights = &scores[bi * bs..(bi * bs + bs).min(len)];
-        let mut rows = weights.iter().zip(values.chunks_exact(HD));
-        while let Some((&w0, v0)) = rows.next() {
-            let (w0, v0) = (_mm512_set1_ps(w0), v0.as_ptr());
-            for c in 0..HD / 16 {
-                even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0.add(16 * c)), even[c]);
-            }
-            if let Some((&w1, v1)) = rows.next() {
-                let (w1, v1) = (_mm512_set1_ps(w1), v1.as_ptr());
-                for c in 0..HD / 16 {
-                    odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1.add(16 * c)), odd[c]);
-                }
-            }
-        }
-    }
-    let inv = _mm512_set1_ps(1.0 / total);
-    for c in 0..HD / 16 {
-        let sum = _mm512_add_ps(even[c], odd[c]);
-        _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), _mm512_mul_ps(sum, inv));
-    }
+    q
 }

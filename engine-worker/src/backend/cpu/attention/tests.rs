@@ -77,6 +77,74 @@ fn simd_paths_match_the_portable_one_and_each_token_stands_alone() {
     }
 }
 
+/// A prompt chunk or a row's verify tokens (consecutive tokens of one sequence) beside another
+/// sequence, short and long contexts, one and several threads: every token's output has the
+/// bits it has alone, whatever run, head split or thread computed it, and stays within
+/// rounding of the portable path.
+#[test]
+fn a_sequences_tokens_computed_together_have_the_bits_each_has_alone() {
+    let mut config = ModelConfig::tiny();
+    (config.head_dim, config.num_heads, config.num_kv_heads) = (64, 9, 3);
+    let width = config.num_heads * config.head_dim;
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let cache = random_cache(&config, 16, 64);
+    // Scrambled block tables of 40 blocks (up to 640 positions), as a paged cache hands out.
+    let (table_a, table_b): (Vec<u32>, Vec<u32>) = (
+        (0..40u32).map(|b| (b * 5) % 64).collect(),
+        (0..40u32).map(|b| (b * 3 + 1) % 64).collect(),
+    );
+    let pools = [1, 3].map(|n| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .unwrap()
+    });
+    for (start, count) in [(0, 12), (3, 17), (200, 5), (480, 12)] {
+        let mut slots: Vec<TokenSlot<'_>> = (0..count)
+            .map(|i| TokenSlot {
+                block_table: &table_a,
+                pos: start + i,
+            })
+            .collect();
+        slots.push(TokenSlot {
+            block_table: &table_b,
+            pos: start + 40,
+        });
+        let q: Vec<f32> = (0..slots.len() * width)
+            .map(|_| rng.gen_range(-2.0..2.0))
+            .collect();
+        let want = run(&cache, &config, &slots, &q, Isa::Scalar);
+        for isa in [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.is_supported())
+        {
+            for pool in &pools {
+                let got = pool.install(|| run(&cache, &config, &slots, &q, isa));
+                for (t, slot) in slots.iter().enumerate() {
+                    let row = t * width..(t + 1) * width;
+                    let one = std::slice::from_ref(slot);
+                    let alone = run(&cache, &config, one, &q[row.clone()], isa);
+                    assert!(
+                        alone
+                            .iter()
+                            .zip(&got[row.clone()])
+                            .all(|(a, g)| a.to_bits() == g.to_bits()),
+                        "{isa:?}, {} threads, token {t} at {}: output depends on its batch",
+                        pool.current_num_threads(),
+                        slot.pos
+                    );
+                    for (g, w) in got[row.clone()].iter().zip(&want[row]) {
+                        assert!(
+                            (g - w).abs() < 1e-5 * (1.0 + w.abs()),
+                            "{isa:?}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Attention cost probe (not a correctness test): `cargo test --release -p engine-worker
 /// --lib attention_throughput -- --ignored --nocapture`. SmolLM2's heads (9 query, 3 KV,
 /// 64 wide), 8 tokens at each context length, the ISAs interleaved; per ISA the fastest of

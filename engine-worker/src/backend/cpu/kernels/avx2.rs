@@ -237,5 +237,8 @@ mod imp {
         }
     }
 
-    super::super::row_range_kernels!("avx2,fma,f16c", rows_per_pass: [1, 1, 1, 1, 1, 1, 1, 1]);
+    super::super::row_range_kernels!(
+        "avx2,fma,f16c",
+        rows_per_pass: {1 => 1, 2 => 1, 3 => 1, 4 => 1, 5 => 1, 6 => 1, 7 => 1, 8 => 1}
+    );
 }

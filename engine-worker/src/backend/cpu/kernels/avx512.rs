@@ -222,10 +222,14 @@ mod imp {
         }
         for r in 0..R {
             if N >= 4 {
-                // Absent tokens sum zeros; a token's tree does not depend on its neighbours.
-                let mut v = [_mm512_setzero_ps(); 8];
-                v[..N].copy_from_slice(&acc[r]);
-                out[r][..N].copy_from_slice(&hsum8(&v)[..N]);
+                // Eight tokens at a time; absent tokens sum zeros, and a token's tree does
+                // not depend on its neighbours.
+                for first in (0..N).step_by(8) {
+                    let n = (N - first).min(8);
+                    let mut v = [_mm512_setzero_ps(); 8];
+                    v[..n].copy_from_slice(&acc[r][first..first + n]);
+                    out[r][first..first + n].copy_from_slice(&hsum8(&v)[..n]);
+                }
             } else {
                 for t in 0..N {
                     out[r][t] = hsum(acc[r][t]);
@@ -236,7 +240,11 @@ mod imp {
 
     super::super::row_range_kernels!(
         "avx512f,avx512vl,avx2,fma,f16c",
-        // 16 accumulators at most (rows × tokens), beside each row's two decoded vectors.
-        rows_per_pass: [2, 4, 4, 4, 2, 2, 2, 2]
+        // 16 accumulators at most (rows × tokens), beside each row's two decoded vectors;
+        // past 8 tokens one row a pass, its decode shared by up to 16 tokens.
+        rows_per_pass: {
+            1 => 2, 2 => 4, 3 => 4, 4 => 4, 5 => 2, 6 => 2, 7 => 2, 8 => 2,
+            9 => 2, 10 => 2, 11 => 2, 12 => 2, 13 => 1, 14 => 1, 15 => 1, 16 => 1,
+        }
     );
 }

@@ -2,8 +2,8 @@
 //! and f32 activations.
 //!
 //! Batch invariance: a token's result goes through the same instructions whatever other
-//! tokens share the call. Tokens are processed in groups of up to [`MAX_GROUP`] per pass over a
-//! weight row (to reuse each decoded block), and a pass may take several rows (to reuse each
+//! tokens share the call. Tokens are processed in groups of up to [`Isa::token_group`] per pass
+//! over a weight row (to reuse each decoded block), and a pass may take several rows (to reuse each
 //! activation load), but every (row, token) pair keeps its own accumulators and its operation
 //! order depends neither on the group size nor on the rows beside it.
 //!
@@ -15,10 +15,10 @@
 /// A SIMD module's row-range entry point, written once and expanded inside each module's `imp`
 /// (where its `Format`, `dot` and block formats are in scope): `dot_group_rows` runs
 /// `dot::<F, R, N>` over consecutive rows, `R` rows per call for a group of `N` tokens
-/// (`rows_per_pass` lists `R` for `N` = 1 to 8).
+/// (`rows_per_pass` maps each group size the module takes, 1 to its [`Isa::token_group`], to
+/// its `R`).
 macro_rules! row_range_kernels {
-    ($features:literal, rows_per_pass: [$r1:literal, $r2:literal, $r3:literal, $r4:literal,
-        $r5:literal, $r6:literal, $r7:literal, $r8:literal]) => {
+    ($features:literal, rows_per_pass: {$($n:literal => $r:literal),+ $(,)?}) => {
         /// [`dot`] for every row of `range`, `R` rows per call (the last `count % R` one at a
         /// time), row `i`'s result for token `t` to `out[t * token_stride + i]`.
         #[target_feature(enable = $features)]
@@ -59,18 +59,12 @@ macro_rules! row_range_kernels {
             }
         }
 
-        /// [`dot_rows`] for a group of `n` (1 to `MAX_GROUP`) tokens.
+        /// [`dot_rows`] for a group of `n` tokens (a size `rows_per_pass` lists).
         #[target_feature(enable = $features)]
         unsafe fn dot_rows_of<F: Format>(n: usize, range: RowRange, group: &GroupInput<'_>) {
             match n {
-                1 => dot_rows::<F, $r1, 1>(range, group),
-                2 => dot_rows::<F, $r2, 2>(range, group),
-                3 => dot_rows::<F, $r3, 3>(range, group),
-                4 => dot_rows::<F, $r4, 4>(range, group),
-                5 => dot_rows::<F, $r5, 5>(range, group),
-                6 => dot_rows::<F, $r6, 6>(range, group),
-                7 => dot_rows::<F, $r7, 7>(range, group),
-                _ => dot_rows::<F, $r8, 8>(range, group),
+                $($n => dot_rows::<F, $r, $n>(range, group),)+
+                _ => unreachable!("a group of {n} tokens is past this instruction set's group"),
             }
         }
 
@@ -107,8 +101,9 @@ use std::ops::Range;
 
 use crate::model::{WeightMatrix, WeightType, QK};
 
-/// Tokens that share one decode of a weight row.
-pub(crate) const MAX_GROUP: usize = 8;
+/// The most tokens any instruction set's kernels take per decode of a weight row (the size of
+/// their result arrays); each set's own limit is [`Isa::token_group`].
+pub(crate) const MAX_GROUP: usize = 16;
 
 /// Instruction set the kernels use; fixed per backend so results never mix paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +142,16 @@ impl Isa {
         #[cfg(not(target_arch = "x86_64"))]
         {
             self == Isa::Scalar
+        }
+    }
+
+    /// Tokens that share one decode of a weight row: a larger group spreads each block's
+    /// decode over more tokens, as far as the accumulators fit in registers (AVX-512 has 32,
+    /// AVX2 16). A token's result does not depend on the group (see the module doc).
+    pub fn token_group(self) -> usize {
+        match self {
+            Isa::Avx512 => 12,
+            Isa::Avx2 | Isa::Scalar => 8,
         }
     }
 
@@ -255,7 +260,7 @@ pub(crate) unsafe fn matmul_rows_into(
     let mut scratch = Vec::new();
     let mut start = 0;
     while start < tokens {
-        let n = (tokens - start).min(MAX_GROUP);
+        let n = (tokens - start).min(isa.token_group());
         let group = GroupInput {
             x: &x[start * cols..(start + n) * cols],
             sums: if w.dtype == WeightType::Q4_1 {
