@@ -51,7 +51,8 @@ fn reference(w: &WeightMatrix, x: &[f32], tokens: usize) -> Vec<f64> {
 #[test]
 fn kernels_match_the_dequantized_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let (rows, cols, tokens) = (5, 96, 11);
+    // Rows that do not divide into the multi-row passes, more tokens than two groups.
+    let (rows, cols, tokens) = (21, 96, 27);
     for isa in supported_isas() {
         for dtype in TYPES {
             let w = random_matrix(dtype, rows, cols, &mut rng);
@@ -73,12 +74,12 @@ fn kernels_match_the_dequantized_reference() {
 #[test]
 fn a_tokens_result_does_not_depend_on_its_group() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
-    let (rows, cols) = (3, 160);
+    let (rows, cols) = (19, 160);
     for isa in supported_isas() {
         for dtype in TYPES {
             let w = random_matrix(dtype, rows, cols, &mut rng);
-            // Past one group on every instruction set (8 tokens on AVX2, 12 on AVX-512).
-            let tokens = 13;
+            // Past two groups on every instruction set (8 tokens on AVX2, 12 on AVX-512).
+            let tokens = 30;
             let x: Vec<f32> = (0..tokens * cols)
                 .map(|_| rng.gen_range(-2.0..2.0))
                 .collect();
@@ -105,11 +106,11 @@ fn a_tokens_result_does_not_depend_on_its_group() {
 #[test]
 fn a_rows_result_does_not_depend_on_the_rows_beside_it() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let (rows, cols) = (7, 96);
+    let (rows, cols) = (39, 96);
     for isa in supported_isas() {
         for dtype in TYPES {
             let w = random_matrix(dtype, rows, cols, &mut rng);
-            for tokens in [1, 3, 8, 11, 12, 14] {
+            for tokens in [1, 3, 8, 11, 12, 14, 25] {
                 let x: Vec<f32> = (0..tokens * cols)
                     .map(|_| rng.gen_range(-2.0..2.0))
                     .collect();
@@ -168,7 +169,7 @@ fn kernel_throughput() {
             .collect();
         for isa in supported_isas().into_iter().filter(|&i| i != Isa::Scalar) {
             let mut one_token_ns = 0.0;
-            for tokens in [1, 8, 9, 16, 24, 40] {
+            for tokens in [1, 8, 9, 12, 16, 20, 24, 40] {
                 let xs: Vec<f32> = (0..tokens * cols)
                     .map(|_| rng.gen_range(-1.0..1.0))
                     .collect();
