@@ -86,14 +86,18 @@ pub(crate) fn attention(
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
+    // Small batches stay on the calling thread: waking the pool costs more than a few short
+    // dot products.
+    let work: usize = slots.iter().map(|s| s.pos + 1).sum::<usize>() * shared.heads * head_dim;
+    let parallel = work >= PARALLEL_MIN_WORK;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F/VL, AVX2 and FMA;
         // `out` has `q`'s shape.
         unsafe {
             match head_dim {
-                64 => return avx512::attention::<64>(&shared, out),
-                128 => return avx512::attention::<128>(&shared, out),
+                64 => return avx512::attention::<64>(&shared, out, parallel),
+                128 => return avx512::attention::<128>(&shared, out, parallel),
                 _ => {}
             }
         }
@@ -101,10 +105,7 @@ pub(crate) fn attention(
     let one = |scores: &mut Vec<f32>, (item, o): (usize, &mut [f32])| {
         attend_dispatch(&shared, item, o, scores, isa);
     };
-    // Small batches stay on the calling thread: waking the pool costs more than a few short
-    // dot products.
-    let work: usize = slots.iter().map(|s| s.pos + 1).sum::<usize>() * shared.heads * head_dim;
-    if work < PARALLEL_MIN_WORK {
+    if !parallel {
         let mut scores = Vec::new();
         for item in out.chunks_mut(head_dim).enumerate() {
             one(&mut scores, item);

@@ -137,8 +137,9 @@ struct Run {
 /// The batch cut into [`Run`]s: tokens that share a block table and follow each other, times
 /// every KV head with all its query heads; at most [`RUN_TOKENS`] tokens a run, and with more
 /// than one thread, smaller runs (fewer tokens, then fewer heads) when the batch would
-/// otherwise give each of `threads` threads under [`RUNS_PER_THREAD`] runs (one sequence's single decode token would be three
-/// runs for two threads). Only the split depends on the batch: a row's arithmetic does not.
+/// otherwise give each of `threads` threads under [`RUNS_PER_THREAD`] runs (one sequence's
+/// single decode token would be three runs for two threads). Only the split depends on the
+/// batch: a row's arithmetic does not.
 fn runs(s: &Shared<'_>, threads: usize) -> Vec<Run> {
     let kv_heads = s.heads / s.group;
     let rows_per_run = if threads == 1 {
@@ -194,18 +195,20 @@ struct Scratch {
 
 /// `out[t, h] = softmax(q[t, h] · K[0..=pos]ᵀ / √d) · V[0..=pos]` for every token and head.
 ///
+/// On the pool when `parallel` (the caller's judgement of the batch's work), else on this
+/// thread.
+///
 /// # Safety
 /// AVX-512F/VL, AVX2 and FMA must be available; `HD == s.head_dim` (at most 128, a multiple
 /// of 16), `out.len() == s.q.len()`.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32]) {
+pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32], parallel: bool) {
     debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD);
     assert_eq!(out.len(), s.q.len(), "attention output");
-    let work: usize = s.slots.iter().map(|t| t.pos + 1).sum::<usize>() * s.heads * HD;
-    let threads = if work < super::PARALLEL_MIN_WORK {
-        1
-    } else {
+    let threads = if parallel {
         rayon::current_num_threads()
+    } else {
+        1
     };
     let runs = runs(s, threads);
     let out = OutRows(out.as_mut_ptr());
@@ -287,8 +290,8 @@ unsafe fn attend_run<const HD: usize>(
         scratch.totals.push(total);
     }
 
-    // Weighted values, a block at a time: even and odd positions into separate accumulators
-    // (two FMA chains per output vector), kept in memory between blocks.
+    // Weighted values, a block at a time for every row, each row's accumulators kept in
+    // memory between blocks.
     for (bi, &block) in table.iter().enumerate() {
         let (_, values) = s.cache.tile(s.layer, block as usize, run.kv_head);
         for r in 0..rows {
@@ -297,26 +300,7 @@ unsafe fn attend_run<const HD: usize>(
                 continue;
             }
             let weights = &scratch.scores[r * stride + bi * bs..r * stride + end];
-            let acc = &mut scratch.acc[r];
-            let (mut even, mut odd) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
-            for c in 0..HD / 16 {
-                (even[c], odd[c]) = (acc[c], acc[8 + c]);
-            }
-            let mut pairs = weights.iter().zip(values.chunks_exact(HD));
-            while let Some((&w0, v0)) = pairs.next() {
-                let (w0, v0) = (_mm512_set1_ps(w0), v0.as_ptr());
-                for c in 0..HD / 16 {
-                    even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0.add(16 * c)), even[c]);
-                }
-                if let Some((&w1, v1)) = pairs.next() {
-                    let (w1, v1) = (_mm512_set1_ps(w1), v1.as_ptr());
-                    for c in 0..HD / 16 {
-                        odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1.add(16 * c)), odd[c]);
-                    }
-                }
-            }
-            acc[..HD / 16].copy_from_slice(&even[..HD / 16]);
-            acc[8..8 + HD / 16].copy_from_slice(&odd[..HD / 16]);
+            add_weighted_values::<HD>(&mut scratch.acc[r], weights, values);
         }
     }
     for r in 0..rows {
@@ -327,6 +311,38 @@ unsafe fn attend_run<const HD: usize>(
             _mm512_storeu_ps(o.add(16 * c), _mm512_mul_ps(sum, inv));
         }
     }
+}
+
+/// One row's weighted values of one KV block (`weights[i]` for the block's row `i`) into its
+/// accumulators (`[even; 8]` then `[odd; 8]`): even and odd positions of the block alternate,
+/// two FMA chains per output vector.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // as in `dot`
+unsafe fn add_weighted_values<const HD: usize>(
+    acc: &mut [__m512; 16],
+    weights: &[f32],
+    values: &[f32],
+) {
+    let (mut even, mut odd) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
+    for c in 0..HD / 16 {
+        (even[c], odd[c]) = (acc[c], acc[8 + c]);
+    }
+    let mut pairs = weights.iter().zip(values.chunks_exact(HD));
+    while let Some((&w0, v0)) = pairs.next() {
+        let (w0, v0) = (_mm512_set1_ps(w0), v0.as_ptr());
+        for c in 0..HD / 16 {
+            even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0.add(16 * c)), even[c]);
+        }
+        if let Some((&w1, v1)) = pairs.next() {
+            let (w1, v1) = (_mm512_set1_ps(w1), v1.as_ptr());
+            for c in 0..HD / 16 {
+                odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1.add(16 * c)), odd[c]);
+            }
+        }
+    }
+    acc[..HD / 16].copy_from_slice(&even[..HD / 16]);
+    acc[8..8 + HD / 16].copy_from_slice(&odd[..HD / 16]);
 }
 
 /// The query of (token, head) item `item`, `HD / 16` vectors.
