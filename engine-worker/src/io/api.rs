@@ -93,6 +93,9 @@ pub async fn run_api_link(
     let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(link.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The step loop drops its sender when it ends, while draining, before the link is told to
+    // stop: a closed receiver is ready at once, so polling it again would spin.
+    let mut engine_open = true;
     loop {
         tokio::select! {
             msg = frames_rx.recv() => {
@@ -103,8 +106,11 @@ pub async fn run_api_link(
                 let admission = admission.borrow().clone();
                 api.on_message(msg, admission.as_ref()).await;
             }
-            out = from_engine.recv() => {
-                let Some(out) = out else { continue };
+            out = from_engine.recv(), if engine_open => {
+                let Some(out) = out else {
+                    engine_open = false;
+                    continue;
+                };
                 if let Some(peer) = api.peers.get(&out.owner) {
                     send(&mut api.socket, peer.routing_id.clone(), &out.msg).await;
                 }
