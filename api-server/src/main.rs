@@ -76,13 +76,22 @@ struct Args {
     /// process's file-descriptor limit (the systemd unit sets LimitNOFILE=65536).
     #[arg(long, env = "SPECULA_MAX_CONNECTIONS", default_value_t = 16_384)]
     max_connections: usize,
+    /// Connections the kernel queues for the listener before they are accepted (capped by
+    /// `net.core.somaxconn`); a burst of new connections past it waits a handshake
+    /// retransmission (1 s) before the server sees it.
+    #[arg(long, env = "SPECULA_LISTEN_BACKLOG", default_value_t = 4096)]
+    listen_backlog: u32,
     /// Engine sequences (prompts × n of every request) admitted at once; past it a request
     /// waits `--admission-wait-ms`, then gets a 429. 0: four times what the live workers' KV
     /// caches hold at full context, as they report it.
     #[arg(long, env = "SPECULA_MAX_SEQUENCES_IN_FLIGHT", default_value_t = 0)]
     max_sequences_in_flight: usize,
     /// How long a request may wait for room under the admission bound before its 429.
-    #[arg(long, env = "SPECULA_ADMISSION_WAIT_MS", default_value_t = 250)]
+    #[arg(
+        long,
+        env = "SPECULA_ADMISSION_WAIT_MS",
+        default_value_t = api_server::engine::DEFAULT_ADMISSION_WAIT.as_millis() as u64
+    )]
     admission_wait_ms: u64,
     /// A request's body must arrive within this many seconds of its headers (a client that
     /// trickles its body cannot hold a connection and a handler); past it a 408.
@@ -129,8 +138,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
+    let listener = api_server::serve::bind(addr, args.listen_backlog)
         .with_context(|| format!("binding {addr}"))?;
     tracing::info!(
         %addr,

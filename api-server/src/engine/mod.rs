@@ -71,6 +71,9 @@ pub struct SubmitRequest {
     pub max_tokens: u32,
 }
 
+/// How long a request may wait for room under the admission bound before its 429, by default.
+pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(250);
+
 /// How this api-server reaches its engine.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -109,7 +112,7 @@ impl EngineConfig {
             tp_outage_window: Duration::from_secs(30),
             max_in_flight: 4096,
             admission: AdmissionBound::Auto,
-            admission_wait: Duration::from_millis(250),
+            admission_wait: DEFAULT_ADMISSION_WAIT,
             max_sequences_per_request: admission::MAX_SEQUENCES_PER_REQUEST,
             link_secret: None,
         }
