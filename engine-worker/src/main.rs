@@ -122,6 +122,10 @@ struct Args {
     /// Waiting-queue bound; beyond it requests are refused as overloaded.
     #[arg(long, env = "SPECULA_MAX_WAITING", default_value_t = 1024)]
     max_waiting: usize,
+    /// Automatic prefix caching: prompts that start with the same full KV blocks as an earlier
+    /// prompt share that prompt's cache instead of computing it again (`false` turns it off).
+    #[arg(long, env = "SPECULA_PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
+    prefix_caching: bool,
     /// KV-cache blocks.
     #[arg(long, env = "SPECULA_NUM_KV_BLOCKS", default_value_t = 2048)]
     num_kv_blocks: usize,
@@ -450,6 +454,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_model_len: args.max_model_len,
         max_waiting: args.max_waiting,
+        prefix_caching: args.prefix_caching,
     };
     let mut engine = Engine::new(backend, cfg, vocab);
     engine.set_retain_bounds(RetainBounds {

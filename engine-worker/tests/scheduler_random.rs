@@ -1,5 +1,6 @@
 //! Seeded randomized runs of the scheduler and KV allocator through the engine: random
 //! arrivals, aborts (waiting or running), preemptions forced by a small cache, and finishes.
+//! Half the prompts share a start, so prefix-cache blocks are shared, released and evicted.
 //! Every step the invariants hold; at the end every block is free again.
 
 mod common;
@@ -13,7 +14,7 @@ use proto::FinishReason;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn random_run(seed: u64, k: usize) -> (usize, usize, usize) {
+fn random_run(seed: u64, k: usize) -> (usize, usize, usize, u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let block_size = [1, 2, 4, 16][rng.gen_range(0..4)];
     // At least one full-length sequence fits; a few more do not.
@@ -31,7 +32,11 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize) {
     for _ in 0..400 {
         if rng.gen_bool(0.3) {
             let len = rng.gen_range(1..30);
-            let prompt = (0..len).map(|_| rng.gen_range(1..40)).collect();
+            // Half the prompts start alike, so the prefix cache is shared and evicted too.
+            let stem = if rng.gen_bool(0.5) { len / 2 } else { 0 };
+            let prompt = (0..len)
+                .map(|i| if i < stem { i as u32 + 1 } else { rng.gen_range(1..40) })
+                .collect();
             let sampling = if rng.gen_bool(0.5) {
                 SamplingParams::GREEDY
             } else {
@@ -61,6 +66,7 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize) {
         live.retain(|id| outcomes.get(id).is_none_or(|o| o.finish.is_none()));
     }
     run_to_completion(&mut engine, &mut outcomes);
+    let hit_tokens = engine.scheduler().prefix_stats().hit_tokens;
     for o in outcomes.values() {
         preempted += o.preemptions;
         assert!(o.finish.is_some(), "every request ends");
@@ -69,22 +75,23 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize) {
         }
     }
     assert_eq!(outcomes.len() as u64, next_id, "every request got rows");
-    (next_id as usize, aborted, preempted)
+    (next_id as usize, aborted, preempted, hit_tokens)
 }
 
 #[test]
 fn random_admit_abort_preempt_finish_never_leaks_blocks() {
-    let (mut total, mut aborted, mut preempted) = (0, 0, 0);
+    let (mut total, mut aborted, mut preempted, mut hit_tokens) = (0, 0, 0, 0);
     for seed in 0..40 {
         let k = [0, 2, 4][seed as usize % 3];
-        let (n, a, p) = random_run(seed, k);
+        let (n, a, p, h) = random_run(seed, k);
+        hit_tokens += h;
         total += n;
         aborted += a;
         preempted += p;
     }
     // The runs must actually exercise what they claim to.
     assert!(
-        total > 1000 && aborted > 20 && preempted > 20,
-        "{total} {aborted} {preempted}"
+        total > 1000 && aborted > 20 && preempted > 20 && hit_tokens > 1000,
+        "{total} {aborted} {preempted} {hit_tokens}"
     );
 }

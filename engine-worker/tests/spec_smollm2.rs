@@ -206,6 +206,43 @@ fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
     assert!(drafted > 0, "a lone stream on this CPU should draft");
 }
 
+/// Prefix caching on the real model: the prompts that start like an earlier one (the chat
+/// system prompt, the golden prompts' cut copies) reuse its cached blocks and get the tokens
+/// and `(drafted, accepted)` that computing every position again gives.
+#[test]
+fn prompts_that_share_cached_blocks_get_the_tokens_of_a_full_computation() {
+    let reqs: Vec<_> = prompts()
+        .into_iter()
+        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
+        .collect();
+    let engine_caching = |on: bool| {
+        let model = model();
+        let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
+        let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
+        let mut cfg = engine_config(4, 8);
+        cfg.prefix_caching = on;
+        Engine::new(backend, cfg, vocab)
+    };
+    let mut off = engine_caching(false);
+    let full = run(&mut off, &reqs);
+    let mut on = engine_caching(true);
+    let cached = run(&mut on, &reqs);
+    // Twice: the second time every prompt finds its own blocks.
+    let again = run(&mut on, &reqs);
+    let stats = on.scheduler().prefix_stats();
+    assert_eq!(off.scheduler().prefix_stats().hit_tokens, 0);
+    assert!(
+        stats.hit_tokens * 3 > stats.queried_tokens,
+        "too little came from the cache: {stats:?}"
+    );
+    for (label, got) in [("cached", &cached), ("cached again", &again)] {
+        for (i, (g, want)) in got.iter().zip(&full).enumerate() {
+            assert_eq!(g.tokens, want.tokens, "prompt {i}: {label}");
+            assert_eq!(g.steps, want.steps, "prompt {i}: {label}");
+        }
+    }
+}
+
 /// Sampled requests with a seed: with drafts (n-gram and suffix, every proposed token verified)
 /// a request draws exactly the tokens it draws without speculation, so what the drafting
 /// policy picks under load never shows in the output; and the tokens do not depend on the

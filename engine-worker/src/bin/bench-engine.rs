@@ -140,6 +140,8 @@ fn bench(
         max_num_seqs: streams,
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
+        // Every stream sends the same prompt, and the end-to-end figure includes its prefill.
+        prefix_caching: false,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(backend, cfg, vocab);

@@ -48,6 +48,9 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Bound on the waiting queue; beyond it requests are refused as overloaded.
     pub max_waiting: usize,
+    /// Automatic prefix caching: a request whose prompt starts with full blocks that an earlier
+    /// prompt computed shares their cache instead of recomputing them.
+    pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 2048,
             max_model_len: 2048,
             max_waiting: 1024,
+            prefix_caching: true,
         }
     }
 }

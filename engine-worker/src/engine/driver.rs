@@ -88,6 +88,7 @@ impl<B: Backend> Engine<B> {
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 max_model_len: cfg.max_model_len,
                 num_spec_tokens: cfg.num_spec_tokens,
+                prefix_caching: cfg.prefix_caching,
             },
             alloc,
         );
@@ -217,6 +218,7 @@ impl<B: Backend> Engine<B> {
             max_tokens: req.max_tokens as usize,
             num_computed: 0,
             blocks: BlockTable::default(),
+            prompt_cached: false,
             prefilled: false,
             drafted: Vec::new(),
             accepted: Vec::new(),
@@ -488,6 +490,9 @@ impl<B: Backend> Engine<B> {
                 finished.push((seq.id, finish));
             }
         }
+        // Before finished sequences give their blocks back, so a one-token request's prompt
+        // is cached too.
+        self.scheduler.cache_prompts();
         let now = std::time::Instant::now();
         for (id, finish) in finished {
             if let Some(seq) = self.scheduler.remove(id) {
@@ -542,9 +547,10 @@ fn step_forwards<'a>(running: &'a [Sequence], chunks: &'a [Vec<u32>]) -> Vec<Seq
         .iter()
         .zip(chunks)
         .map(|(s, chunk)| match s.phase() {
+            // After the positions the prefix cache already holds.
             SequencePhase::Prefill => SeqForward {
-                tokens: &s.tokens[..s.prompt_len],
-                start_pos: 0,
+                tokens: &s.tokens[s.num_computed..s.prompt_len],
+                start_pos: s.num_computed,
                 block_table: s.blocks.blocks(),
                 logits: LogitsFor::Last,
             },

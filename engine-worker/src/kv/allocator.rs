@@ -1,23 +1,39 @@
-//! Free-list allocator of fixed-size KV blocks.
+//! Reference-counted KV blocks: a free list, and behind it the unreferenced blocks that still
+//! hold a cached prompt prefix ([`PrefixIndex`]), reused least recently released first.
 
-/// Hands out physical block ids `0..num_blocks`. Double frees and frees of unknown ids are
-/// bookkeeping bugs and panic (they would silently corrupt another sequence's cache).
+use std::collections::BTreeMap;
+
+use super::prefix_index::PrefixIndex;
+
+/// Hands out physical block ids `0..num_blocks`. Releasing a block no table holds is a
+/// bookkeeping bug and panics (it would silently corrupt another sequence's cache).
 #[derive(Debug)]
 pub struct BlockAllocator {
     block_size: usize,
-    /// LIFO: the most recently freed block is reused first (warm in cache).
+    /// LIFO: the most recently freed block is reused first (warm in cache). Holds no prefix.
     free: Vec<u32>,
-    in_use: Vec<bool>,
+    /// Per block: how many block tables hold it.
+    refs: Vec<u32>,
+    /// Unreferenced blocks that hold a registered prefix, keyed by when they were released:
+    /// taken only once `free` is empty, the oldest first.
+    evictable: BTreeMap<u64, u32>,
+    released_at: Vec<u64>,
+    clock: u64,
+    prefixes: PrefixIndex,
 }
 
 impl BlockAllocator {
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
         assert!(block_size > 0, "block size must be positive");
-        let num_blocks = u32::try_from(num_blocks).expect("block ids fit in u32");
+        let count = u32::try_from(num_blocks).expect("block ids fit in u32");
         Self {
             block_size,
-            free: (0..num_blocks).rev().collect(),
-            in_use: vec![false; num_blocks as usize],
+            free: (0..count).rev().collect(),
+            refs: vec![0; num_blocks],
+            evictable: BTreeMap::new(),
+            released_at: vec![0; num_blocks],
+            clock: 0,
+            prefixes: PrefixIndex::new(num_blocks),
         }
     }
 
@@ -26,11 +42,17 @@ impl BlockAllocator {
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.in_use.len()
+        self.refs.len()
     }
 
+    /// Blocks no table holds (including those that still cache a prefix).
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.evictable.len()
+    }
+
+    /// Blocks registered as holding a prompt prefix, held or not.
+    pub fn num_cached(&self) -> usize {
+        self.prefixes.len()
     }
 
     /// Blocks needed to hold `tokens` positions.
@@ -43,25 +65,99 @@ impl BlockAllocator {
         self.num_blocks() * self.block_size
     }
 
+    /// A block for one table to write: a free one, else the least recently released cached
+    /// one, whose prefix is forgotten.
     pub fn allocate(&mut self) -> Option<u32> {
-        let block = self.free.pop()?;
-        self.in_use[block as usize] = true;
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let (_, block) = self.evictable.pop_first()?;
+                self.prefixes.remove(block);
+                block
+            }
+        };
+        self.refs[block as usize] = 1;
         Some(block)
     }
 
-    pub fn release(&mut self, block: u32) {
-        let slot = self
-            .in_use
-            .get_mut(block as usize)
-            .expect("released block id out of range");
-        assert!(*slot, "block {block} released twice");
-        *slot = false;
-        self.free.push(block);
+    /// One more table holds `block`, a cached prefix block found by [`Self::lookup`].
+    pub fn share(&mut self, block: u32) {
+        assert!(self.prefixes.contains(block), "only cached blocks are shared");
+        let refs = &mut self.refs[block as usize];
+        if *refs == 0 {
+            self.evictable
+                .remove(&self.released_at[block as usize])
+                .expect("an unreferenced cached block is evictable");
+        }
+        *refs += 1;
     }
 
-    /// Whether `block` is currently allocated (for invariant checks).
+    pub fn release(&mut self, block: u32) {
+        let refs = self
+            .refs
+            .get_mut(block as usize)
+            .expect("released block id out of range");
+        assert!(*refs > 0, "block {block} released twice");
+        *refs -= 1;
+        if *refs > 0 {
+            return;
+        }
+        if self.prefixes.contains(block) {
+            self.clock += 1;
+            self.released_at[block as usize] = self.clock;
+            self.evictable.insert(self.clock, block);
+        } else {
+            self.free.push(block);
+        }
+    }
+
+    /// Whether some table holds `block` (for invariant checks).
     pub fn is_allocated(&self, block: u32) -> bool {
-        self.in_use.get(block as usize).copied().unwrap_or(false)
+        self.ref_count(block) > 0
+    }
+
+    /// How many tables hold `block`.
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.refs.get(block as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether `block` holds a registered prefix.
+    pub fn is_cached(&self, block: u32) -> bool {
+        self.prefixes.contains(block)
+    }
+
+    /// The cached blocks that hold `tokens`' first full blocks, at most `max_blocks`.
+    pub fn lookup(&self, tokens: &[u32], max_blocks: usize) -> Vec<u32> {
+        let mut parent = None;
+        let mut found = Vec::new();
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let Some(block) = self.prefixes.find(parent, chunk) else {
+                break;
+            };
+            found.push(block);
+            parent = Some(self.prefixes.link(block));
+        }
+        found
+    }
+
+    /// Registers the full blocks of `tokens` that `table` holds, in order, as a cached prefix.
+    /// The caller has written every position of them. Stops at a block whose content another
+    /// block already caches (a twin prompt computed in the same step).
+    pub fn register(&mut self, tokens: &[u32], table: &[u32]) {
+        let mut parent = None;
+        for (chunk, &block) in tokens.chunks_exact(self.block_size).zip(table) {
+            debug_assert!(self.is_allocated(block), "only held blocks are registered");
+            match self.prefixes.find(parent, chunk) {
+                Some(cached) if cached == block => {}
+                Some(_) => return,
+                None => {
+                    if !self.prefixes.insert(parent, chunk, block) {
+                        return;
+                    }
+                }
+            }
+            parent = Some(self.prefixes.link(block));
+        }
     }
 }
 
@@ -115,5 +211,49 @@ mod tests {
             alloc.release(b);
         }
         assert_eq!(alloc.num_free(), 64);
+    }
+
+    #[test]
+    fn cached_blocks_are_reused_only_after_free_ones_oldest_first() {
+        let mut alloc = BlockAllocator::new(4, 2);
+        let a: Vec<u32> = (0..4).map(|_| alloc.allocate().unwrap()).collect();
+        alloc.register(&[1, 2, 3, 4], &a[..2]);
+        alloc.register(&[9, 9], &a[2..3]);
+        assert_eq!(alloc.num_cached(), 3);
+        // Released in the order a[2], a[0], a[1], a[3]: a[3] caches nothing.
+        for &i in &[2, 0, 1, 3] {
+            alloc.release(a[i]);
+        }
+        assert_eq!(alloc.num_free(), 4);
+        assert_eq!(alloc.lookup(&[1, 2, 3, 4, 5], 8), vec![a[0], a[1]]);
+        assert_eq!(alloc.allocate(), Some(a[3]), "the uncached block first");
+        assert_eq!(alloc.allocate(), Some(a[2]), "then the least recently released");
+        assert!(alloc.lookup(&[9, 9], 1).is_empty());
+        assert_eq!(alloc.lookup(&[1, 2, 3, 4], 1), vec![a[0]], "at most max_blocks");
+        // A shared block leaves the evictable pool until its last holder lets go.
+        alloc.share(a[0]);
+        alloc.share(a[0]);
+        assert_eq!(alloc.ref_count(a[0]), 2);
+        assert_eq!(alloc.allocate(), Some(a[1]));
+        assert_eq!(alloc.allocate(), None, "a held cached block is never taken");
+        alloc.release(a[0]);
+        alloc.release(a[0]);
+        assert_eq!(alloc.allocate(), Some(a[0]));
+        assert_eq!(alloc.num_cached(), 0);
+        assert!(alloc.lookup(&[1, 2], 1).is_empty());
+    }
+
+    #[test]
+    fn a_twin_prompt_registers_nothing_over_the_first() {
+        let mut alloc = BlockAllocator::new(4, 2);
+        let first = [alloc.allocate().unwrap(), alloc.allocate().unwrap()];
+        let twin = [alloc.allocate().unwrap(), alloc.allocate().unwrap()];
+        alloc.register(&[1, 2, 3, 4], &first);
+        alloc.register(&[1, 2, 3, 4], &twin);
+        assert_eq!(alloc.num_cached(), 2);
+        assert!(!alloc.is_cached(twin[0]) && !alloc.is_cached(twin[1]));
+        // Registering again what is registered changes nothing.
+        alloc.register(&[1, 2, 3, 4], &first);
+        assert_eq!(alloc.lookup(&[1, 2, 3, 4], 2), first.to_vec());
     }
 }

@@ -20,6 +20,15 @@ impl BlockTable {
         self.blocks.is_empty()
     }
 
+    /// Starts an empty table with cached prefix blocks (from [`BlockAllocator::lookup`]).
+    pub fn share_prefix(&mut self, alloc: &mut BlockAllocator, cached: &[u32]) {
+        assert!(self.blocks.is_empty(), "a prefix starts the table");
+        for &block in cached {
+            alloc.share(block);
+            self.blocks.push(block);
+        }
+    }
+
     /// Grows the table to hold `tokens` positions. All or nothing: on failure nothing is taken.
     pub fn reserve(&mut self, alloc: &mut BlockAllocator, tokens: usize) -> bool {
         let need = alloc.blocks_for(tokens).saturating_sub(self.blocks.len());

@@ -1,8 +1,11 @@
 //! Paged KV-cache bookkeeping (the memory itself lives in the backend): fixed-size blocks handed
-//! out from a free list, and per-sequence block tables mapping positions to physical blocks.
+//! out from a free list, per-sequence block tables mapping positions to physical blocks, and the
+//! index of blocks that cache a prompt prefix for later requests to share.
 
 mod allocator;
 mod block_table;
+mod prefix_index;
 
 pub use allocator::BlockAllocator;
 pub use block_table::BlockTable;
+pub use prefix_index::{BlockLink, PrefixIndex};

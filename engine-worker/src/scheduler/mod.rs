@@ -6,5 +6,5 @@
 mod policy;
 mod sequence;
 
-pub use policy::{Scheduler, SchedulerConfig, StepPlan};
+pub use policy::{PrefixCacheStats, Scheduler, SchedulerConfig, StepPlan};
 pub use sequence::{Sequence, SequencePhase};

@@ -17,6 +17,8 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// K: draft tokens a verify step may carry.
     pub num_spec_tokens: usize,
+    /// Share the cached full blocks of earlier prompts with new requests that start alike.
+    pub prefix_caching: bool,
 }
 
 /// The outcome of [`Scheduler::schedule`]: every sequence left in `running` runs this step.
@@ -28,6 +30,13 @@ pub struct StepPlan {
     pub admitted: usize,
 }
 
+/// Prompt tokens admitted, and how many of them came from the prefix cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub queried_tokens: u64,
+    pub hit_tokens: u64,
+}
+
 #[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
@@ -35,6 +44,7 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     /// In admission order: the newest sequence is preempted first.
     running: Vec<Sequence>,
+    prefix_stats: PrefixCacheStats,
 }
 
 impl Scheduler {
@@ -44,7 +54,12 @@ impl Scheduler {
             alloc,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            prefix_stats: PrefixCacheStats::default(),
         }
+    }
+
+    pub fn prefix_stats(&self) -> PrefixCacheStats {
+        self.prefix_stats
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -94,16 +109,32 @@ impl Scheduler {
             .min(room_in_output)
     }
 
-    /// Positions whose cache slots `seq` needs this step, and the tokens its forward carries.
-    fn demand(&self, seq: &Sequence) -> (usize, usize) {
+    /// Positions whose cache slots `seq` needs this step, and the tokens its forward carries when
+    /// its first `computed` positions are cached.
+    fn demand(&self, seq: &Sequence, computed: usize) -> (usize, usize) {
         match seq.phase() {
-            SequencePhase::Prefill => (seq.prompt_len, seq.prompt_len),
+            SequencePhase::Prefill => (seq.prompt_len, seq.prompt_len - computed),
             SequencePhase::Recompute | SequencePhase::Verify => {
                 let drafts = self.max_drafts(seq);
-                let recompute = seq.len() - 1 - seq.num_computed;
-                (seq.len() + drafts, recompute + 1 + drafts)
+                // The cached positions, then the rest up to the last token, then the drafts.
+                (seq.len() + drafts, seq.len() - computed + drafts)
             }
         }
+    }
+
+    /// Cached blocks that hold the start of a waiting sequence's prompt. A new prompt keeps its
+    /// last token to compute (its logits are the first output); a resumed one needs none of it.
+    fn cached_prefix(&self, seq: &Sequence) -> Vec<u32> {
+        if !self.cfg.prefix_caching || !seq.blocks.is_empty() {
+            return Vec::new();
+        }
+        let block_size = self.alloc.block_size();
+        let max_blocks = if seq.prefilled {
+            seq.prompt_len / block_size
+        } else {
+            (seq.prompt_len - 1) / block_size
+        };
+        self.alloc.lookup(&seq.tokens[..seq.prompt_len], max_blocks)
     }
 
     pub fn schedule(&mut self) -> StepPlan {
@@ -111,7 +142,7 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut i = 0;
         while i < self.running.len() {
-            let (positions, tokens) = self.demand(&self.running[i]);
+            let (positions, tokens) = self.demand(&self.running[i], self.running[i].num_computed);
             let seq = &mut self.running[i];
             if seq.blocks.reserve(&mut self.alloc, positions) {
                 budget = budget.saturating_sub(tokens);
@@ -122,6 +153,7 @@ impl Scheduler {
             let mut victim = self.running.pop().expect("index i is in range");
             victim.blocks.release_all(&mut self.alloc);
             victim.num_computed = 0;
+            victim.prompt_cached = false;
             plan.preempted.push(victim.id);
             self.waiting.push_front(victim);
         }
@@ -133,23 +165,52 @@ impl Scheduler {
             if self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
-            let (positions, tokens) = self.demand(front);
+            let cached = self.cached_prefix(front);
+            let computed = cached.len() * self.alloc.block_size();
+            let (positions, tokens) = self.demand(front, computed);
             // A prompt larger than the whole budget still runs, alone, rather than never.
             let alone = budget == self.cfg.max_num_batched_tokens;
             if tokens > budget && !alone {
                 break;
             }
-            if front.blocks.missing_blocks(&self.alloc, positions) > self.alloc.num_free() {
+            // Cached blocks no table holds count as free until this sequence takes them.
+            let reclaimed = cached
+                .iter()
+                .filter(|&&b| !self.alloc.is_allocated(b))
+                .count();
+            let missing = self.alloc.blocks_for(positions) - cached.len();
+            if missing + reclaimed > self.alloc.num_free() {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
+            seq.blocks.share_prefix(&mut self.alloc, &cached);
+            seq.num_computed = computed;
             let reserved = seq.blocks.reserve(&mut self.alloc, positions);
             debug_assert!(reserved, "free blocks checked above");
+            if !seq.prefilled {
+                self.prefix_stats.queried_tokens += seq.prompt_len as u64;
+                self.prefix_stats.hit_tokens += computed as u64;
+            }
             budget = budget.saturating_sub(tokens);
             self.running.push(seq);
             plan.admitted += 1;
         }
         plan
+    }
+
+    /// Registers the prompt blocks of running sequences whose prompt is now in the cache, for
+    /// later requests to share. Called after a forward wrote them.
+    pub fn cache_prompts(&mut self) {
+        for seq in &mut self.running {
+            if seq.prompt_cached || seq.num_computed < seq.prompt_len {
+                continue;
+            }
+            if self.cfg.prefix_caching {
+                self.alloc
+                    .register(&seq.tokens[..seq.prompt_len], seq.blocks.blocks());
+            }
+            seq.prompt_cached = true;
+        }
     }
 
     /// Removes a sequence (finished or aborted) wherever it is and frees its blocks.
@@ -164,11 +225,12 @@ impl Scheduler {
         Some(seq)
     }
 
-    /// Every block is either free or in exactly one table; waiting sequences hold none; running
-    /// ones hold enough for their cached positions; the caps hold.
+    /// Every block is free or held, and held exactly as often as tables name it; only cached
+    /// blocks are shared, and no table still has to write a cached block; waiting sequences hold
+    /// none; running ones hold enough for their cached positions; the caps hold.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut owner = vec![false; self.alloc.num_blocks()];
-        let mut held = 0;
+        let block_size = self.alloc.block_size();
+        let mut holders = vec![0u32; self.alloc.num_blocks()];
         for seq in &self.running {
             if seq.blocks.len() < self.alloc.blocks_for(seq.num_computed) {
                 return Err(format!(
@@ -179,12 +241,32 @@ impl Scheduler {
             if seq.len() > self.cfg.max_model_len {
                 return Err(format!("request {} is past max_model_len", seq.id));
             }
-            for &b in seq.blocks.blocks() {
-                if !self.alloc.is_allocated(b) || std::mem::replace(&mut owner[b as usize], true) {
-                    return Err(format!("block {b} is shared or not allocated"));
+            for (i, &b) in seq.blocks.blocks().iter().enumerate() {
+                if seq.blocks.blocks()[..i].contains(&b) {
+                    return Err(format!("block {b} twice in request {}'s table", seq.id));
                 }
-                held += 1;
+                if self.alloc.is_cached(b) && (i + 1) * block_size > seq.num_computed {
+                    return Err(format!(
+                        "cached block {b} is still to be written by request {}",
+                        seq.id
+                    ));
+                }
+                holders[b as usize] += 1;
             }
+        }
+        let mut held = 0;
+        for (b, &n) in holders.iter().enumerate() {
+            let b = b as u32;
+            if n != self.alloc.ref_count(b) {
+                return Err(format!(
+                    "block {b} is in {n} tables but counted {} times",
+                    self.alloc.ref_count(b)
+                ));
+            }
+            if n > 1 && !self.alloc.is_cached(b) {
+                return Err(format!("block {b} is shared but caches no prefix"));
+            }
+            held += usize::from(n > 0);
         }
         if let Some(seq) = self
             .waiting

@@ -243,5 +243,6 @@ pub fn engine_config(k: usize, max_num_seqs: usize) -> EngineConfig {
         max_num_batched_tokens: 512,
         max_model_len: 4096,
         max_waiting: 100_000,
+        prefix_caching: true,
     }
 }
