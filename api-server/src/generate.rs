@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::api_worker::RejectReason;
+use proto::tp_api::Usage as EngineUsage;
 use proto::SpeculateMetrics;
 use tokio::time::Instant;
 
@@ -142,10 +143,9 @@ impl<R: EngineRequest> ChoiceRun<R> {
                     }
                 }
                 EngineEvent::Finished(finished) => {
-                    let completion = finished.usage.map(|u| u.completion_tokens);
                     let reason = finished.reason.as_str();
                     // The token-processor attaches figures only when the worker speculates.
-                    let mut end = self.end(completion, finished.speculate_metrics);
+                    let mut end = self.end(finished.usage, finished.speculate_metrics);
                     if self.decoder.matched_stop().is_none() {
                         end.finish_reason = reason;
                     }
@@ -165,22 +165,23 @@ impl<R: EngineRequest> ChoiceRun<R> {
 
     fn end(
         &mut self,
-        completion_tokens: Option<u32>,
+        engine_usage: Option<EngineUsage>,
         metrics: Option<SpeculateMetrics>,
     ) -> ChoiceEnd {
         let text = self.decoder.finish();
         let stop_reason = self.decoder.matched_stop().map(str::to_owned);
         // When we cut at a stop string, count the tokens we used, not what the engine ran on.
-        let completion = match (&stop_reason, completion_tokens) {
-            (None, Some(n)) => n,
+        let completion = match (&stop_reason, &engine_usage) {
+            (None, Some(u)) => u.completion_tokens,
             _ => self.decoder.tokens_seen() as u32,
         };
+        let cached = engine_usage.as_ref().map(|u| u.cached_prompt_tokens);
         ChoiceEnd {
             index: self.index,
             text,
             finish_reason: "stop",
             stop_reason,
-            usage: Usage::new(self.prompt_tokens, completion),
+            usage: Usage::new(self.prompt_tokens, completion).with_cached_tokens(cached),
             speculate_metrics: metrics,
         }
     }
@@ -211,13 +212,15 @@ pub async fn collect_all<R: EngineRequest>(
     Ok(results)
 }
 
-/// Request usage: prompts counted once each, completions summed over choices.
+/// Request usage: prompts counted once each (with their prefix-cache hits, where known),
+/// completions summed over choices.
 pub fn total_usage(ends: &[&ChoiceEnd], n: u32) -> Usage {
     let completion: u32 = ends.iter().map(|e| e.usage.completion_tokens).sum();
-    let prompt: u32 = ends
-        .iter()
-        .filter(|e| e.index % n.max(1) == 0)
-        .map(|e| e.usage.prompt_tokens)
-        .sum();
-    Usage::new(prompt, completion)
+    let prompt_ends = || ends.iter().filter(|e| e.index % n.max(1) == 0);
+    let prompt: u32 = prompt_ends().map(|e| e.usage.prompt_tokens).sum();
+    let cached = prompt_ends()
+        .filter_map(|e| e.usage.prompt_tokens_details)
+        .map(|d| d.cached_tokens)
+        .reduce(|a, b| a + b);
+    Usage::new(prompt, completion).with_cached_tokens(cached)
 }

@@ -80,7 +80,8 @@ async fn completion_returns_text_usage_and_metrics() {
     let completion = tokens_of("The capital of France is Paris.", true).len();
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": prompt_ids.len(), "completion_tokens": completion, "total_tokens": prompt_ids.len() + completion})
+        json!({"prompt_tokens": prompt_ids.len(), "completion_tokens": completion, "total_tokens": prompt_ids.len() + completion,
+               "prompt_tokens_details": {"cached_tokens": prompt_ids.len() / 3}})
     );
     // The worker is told that the final output arrived, so it can forget what it kept.
     support::wait_until(

@@ -30,6 +30,7 @@ fn answer(metrics: Option<proto::SpeculateMetrics>) -> Vec<EngineEvent> {
             reason: FinishReason::Length,
             usage: Some(EngineUsage {
                 prompt_tokens: 0,
+                cached_prompt_tokens: 0,
                 completion_tokens,
             }),
             speculate_metrics: metrics,
@@ -92,6 +93,7 @@ async fn chat_stream_passes_the_engines_figures_through() {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": text_tokens().len(),
         "total_tokens": prompt_tokens + text_tokens().len(),
+        "prompt_tokens_details": {"cached_tokens": 0},
     });
     let (usage_chunk, chunks) = events.split_last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));

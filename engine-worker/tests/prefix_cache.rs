@@ -58,7 +58,9 @@ fn run(
         run_to_completion(&mut engine, &mut outcomes);
     }
     let preemptions = outcomes.values().map(|o| o.preemptions).sum();
-    let outs = (0..reqs.len() as u64).map(|i| outcomes[&i].clone()).collect();
+    let outs = (0..reqs.len() as u64)
+        .map(|i| outcomes[&i].clone())
+        .collect();
     (outs, engine.scheduler().prefix_stats(), preemptions)
 }
 

@@ -35,7 +35,13 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize, u64) {
             // Half the prompts start alike, so the prefix cache is shared and evicted too.
             let stem = if rng.gen_bool(0.5) { len / 2 } else { 0 };
             let prompt = (0..len)
-                .map(|i| if i < stem { i as u32 + 1 } else { rng.gen_range(1..40) })
+                .map(|i| {
+                    if i < stem {
+                        i as u32 + 1
+                    } else {
+                        rng.gen_range(1..40)
+                    }
+                })
                 .collect();
             let sampling = if rng.gen_bool(0.5) {
                 SamplingParams::GREEDY

@@ -26,6 +26,9 @@ pub struct TpHello {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u32,
+    /// Of `prompt_tokens`, those served from the worker's prefix cache (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_prompt_tokens: u32,
     pub completion_tokens: u32,
 }
 

@@ -90,6 +90,8 @@ pub struct RequestStart {
     pub row: u32,
     pub owner: String,
     pub prompt_tokens: u32,
+    /// Of `prompt_tokens`, those whose KV the worker's prefix cache held (not computed again).
+    pub cached_prompt_tokens: u32,
     pub arrival_unix_ms: u64,
 }
 
@@ -238,6 +240,8 @@ pub struct ResyncRequest {
     pub id: RequestId,
     pub owner: String,
     pub prompt_tokens: u32,
+    /// Of `prompt_tokens`, those the prefix cache held at admission.
+    pub cached_prompt_tokens: u32,
     pub arrival_unix_ms: u64,
     /// Whether the prefill step already ran.
     pub prefilled: bool,

@@ -25,6 +25,10 @@ COUNTERS = {
     "num_accepted_draft_tokens": "specula_spec_decode_num_accepted_tokens_total",
     "accepted_tokens": "specula_spec_decode_num_emitted_tokens_total",
 }
+# Prompt tokens the worker's prefix cache held (usage.prompt_tokens_details.cached_tokens).
+PREFIX_HITS = "specula_prefix_cache_hit_tokens_total"
+# The worker's default KV block: only whole blocks are shared.
+BLOCK_SIZE = 16
 
 
 def check(cond, what):
@@ -41,7 +45,7 @@ def counters(url):
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in COUNTERS.values():
+        if name in COUNTERS.values() or name == PREFIX_HITS:
             sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return sums
 
@@ -105,6 +109,11 @@ def main():
     check(r.choices[0].message.role == "assistant", "assistant role")
     check(r.choices[0].message.content == want, f"chat text {r.choices[0].message.content!r} == golden")
     check(r.usage.prompt_tokens == len(golden["prompt_ids"]), "chat prompt_tokens equals the golden prompt")
+    # The same prompt as the completion above: its whole blocks, all but the block holding the
+    # last token (whose logits are the answer), come from the prefix cache.
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    check(cached == (r.usage.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE and cached > 0,
+          f"chat: {cached} of {r.usage.prompt_tokens} prompt tokens from the prefix cache")
 
     # Chat, streaming with usage: metrics only in the final chunk, raw JSON as sent.
     before = counters(args.metrics_url)
@@ -122,6 +131,10 @@ def main():
     check(all(c["choices"][0]["speculate_metrics"] is None for c in with_choice if c is not final[0]),
           "speculate_metrics null in every other chunk")
     check(chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0, "usage chunk last")
+    cached = chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    hits = after.get(PREFIX_HITS, 0) - before.get(PREFIX_HITS, 0)
+    check(cached > 0 and hits == cached,
+          f"stream: {cached} cached prompt tokens, the token-processor's hit counter +{hits}")
     m = final[0]["choices"][0]["speculate_metrics"]
     if k > 0:
         check_metrics_shape(m, k, "stream")

@@ -28,6 +28,7 @@ pub const FINISHED: [&str; 4] = [
     "specula_requests_finished_error_total",
 ];
 pub const PROMPT_TOKENS: &str = "specula_prompt_tokens_total";
+pub const PREFIX_CACHE_HITS: &str = "specula_prefix_cache_hit_tokens_total";
 pub const GENERATION_TOKENS: &str = "specula_generation_tokens_total";
 pub const TTFT: &str = "specula_time_to_first_token_seconds";
 pub const ITL: &str = "specula_inter_token_latency_seconds";
@@ -175,6 +176,12 @@ fn describe_requests() {
         "Prompt tokens of the requests seen."
     );
     describe_counter!(
+        PREFIX_CACHE_HITS,
+        Unit::Count,
+        "Of the prompt tokens, those whose KV the worker's prefix cache held (not computed again); \
+         the hit rate is this over specula_prompt_tokens_total."
+    );
+    describe_counter!(
         GENERATION_TOKENS,
         Unit::Count,
         "Output tokens delivered to api-servers."
@@ -288,6 +295,7 @@ pub struct WorkerMetrics {
     drafted_per_step: BinnedHistogram,
     finished: [Counter; 4],
     prompt_tokens: Counter,
+    prefix_cache_hits: Counter,
     generation_tokens: Counter,
     ttft: Histogram,
     itl: BinnedHistogram,
@@ -332,6 +340,7 @@ impl WorkerMetrics {
             drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, model, worker),
             finished: FINISHED.map(c),
             prompt_tokens: c(PROMPT_TOKENS),
+            prefix_cache_hits: c(PREFIX_CACHE_HITS),
             generation_tokens: c(GENERATION_TOKENS),
             ttft: histogram!(TTFT, &labels),
             itl: binned::histogram(ITL, model, worker),
@@ -371,6 +380,7 @@ impl WorkerMetrics {
             }
         }
         self.prompt_tokens.increment(obs.prompt_tokens);
+        self.prefix_cache_hits.increment(obs.cached_prompt_tokens);
         self.generation_tokens.increment(obs.generation_tokens);
         for &s in &obs.ttft_s {
             self.ttft.record(s);

@@ -253,6 +253,7 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
                 row: batch.len() as u32,
                 owner: REPLAY_OWNER.into(),
                 prompt_tokens: 0,
+                cached_prompt_tokens: 0,
                 arrival_unix_ms: 0,
             });
         }

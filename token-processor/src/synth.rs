@@ -96,6 +96,7 @@ impl Synth {
                     row: batch.len() as u32,
                     owner: self.cfg.owner.clone(),
                     prompt_tokens: self.rng.gen_range(32..544),
+                    cached_prompt_tokens: 0,
                     arrival_unix_ms: 0,
                 });
                 (0, 0, 1, true)

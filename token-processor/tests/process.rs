@@ -188,6 +188,7 @@ fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
                 row: b.len() as u32,
                 owner: owner.into(),
                 prompt_tokens: 5,
+                cached_prompt_tokens: 2,
                 arrival_unix_ms: 0,
             });
         }
@@ -527,6 +528,13 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     assert_eq!(
         metric(&text, &format!("specula_prompt_tokens_total{labels}")),
         10.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_prefix_cache_hit_tokens_total{labels}")
+        ),
+        4.0
     );
     assert_eq!(metric(&text, "specula_workers_connected"), 1.0);
     assert!(text.contains("specula_time_to_first_token_seconds_bucket"));

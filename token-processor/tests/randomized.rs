@@ -156,6 +156,7 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                         row: batch.len() as u32,
                         owner: format!("api-{}", id % 3),
                         prompt_tokens: (id % 50) as u32 + 1,
+                        cached_prompt_tokens: (id % 50) as u32 / 2,
                         arrival_unix_ms: ms,
                     });
                 }

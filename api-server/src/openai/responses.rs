@@ -10,6 +10,16 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    /// OpenAI's breakdown of the prompt; absent when the engine did not report one (a request
+    /// that ended without its final figures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Default)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the worker's prefix cache.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -18,7 +28,15 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
         }
+    }
+
+    /// With the prefix-cache hits, when known.
+    pub fn with_cached_tokens(mut self, cached_tokens: Option<u32>) -> Self {
+        self.prompt_tokens_details =
+            cached_tokens.map(|cached_tokens| PromptTokensDetails { cached_tokens });
+        self
     }
 }
 

@@ -219,6 +219,7 @@ impl<B: Backend> Engine<B> {
             num_computed: 0,
             blocks: BlockTable::default(),
             prompt_cached: false,
+            cached_prompt_tokens: 0,
             prefilled: false,
             drafted: Vec::new(),
             accepted: Vec::new(),
@@ -578,6 +579,7 @@ fn resync_of(s: &Sequence, finish: Option<FinishReason>) -> ResyncRequest {
         id: s.id,
         owner: s.owner.clone(),
         prompt_tokens: s.prompt_len as u32,
+        cached_prompt_tokens: s.cached_prompt_tokens as u32,
         arrival_unix_ms: s.arrival_unix_ms,
         prefilled: s.prefilled,
         tokens: s.output().to_vec(),
@@ -595,6 +597,7 @@ fn take_start(seq: &mut Sequence) -> Option<StartInfo> {
     Some(StartInfo {
         owner: seq.owner.clone(),
         prompt_tokens: seq.prompt_len as u32,
+        cached_prompt_tokens: seq.cached_prompt_tokens as u32,
         arrival_unix_ms: seq.arrival_unix_ms,
     })
 }

@@ -196,6 +196,7 @@ mod tests {
             id,
             owner: owner.into(),
             prompt_tokens: 3,
+            cached_prompt_tokens: 0,
             arrival_unix_ms: 0,
             prefilled: true,
             tokens: vec![7; tokens],

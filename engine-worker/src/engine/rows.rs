@@ -20,6 +20,8 @@ pub enum RowKind {
 pub struct StartInfo {
     pub owner: String,
     pub prompt_tokens: u32,
+    /// Of them, those the prefix cache held.
+    pub cached_prompt_tokens: u32,
     pub arrival_unix_ms: u64,
 }
 
@@ -43,6 +45,7 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
                 row: i as u32,
                 owner: start.owner.clone(),
                 prompt_tokens: start.prompt_tokens,
+                cached_prompt_tokens: start.cached_prompt_tokens,
                 arrival_unix_ms: start.arrival_unix_ms,
             });
         }

@@ -82,7 +82,10 @@ impl BlockAllocator {
 
     /// One more table holds `block`, a cached prefix block found by [`Self::lookup`].
     pub fn share(&mut self, block: u32) {
-        assert!(self.prefixes.contains(block), "only cached blocks are shared");
+        assert!(
+            self.prefixes.contains(block),
+            "only cached blocks are shared"
+        );
         let refs = &mut self.refs[block as usize];
         if *refs == 0 {
             self.evictable
@@ -227,9 +230,17 @@ mod tests {
         assert_eq!(alloc.num_free(), 4);
         assert_eq!(alloc.lookup(&[1, 2, 3, 4, 5], 8), vec![a[0], a[1]]);
         assert_eq!(alloc.allocate(), Some(a[3]), "the uncached block first");
-        assert_eq!(alloc.allocate(), Some(a[2]), "then the least recently released");
+        assert_eq!(
+            alloc.allocate(),
+            Some(a[2]),
+            "then the least recently released"
+        );
         assert!(alloc.lookup(&[9, 9], 1).is_empty());
-        assert_eq!(alloc.lookup(&[1, 2, 3, 4], 1), vec![a[0]], "at most max_blocks");
+        assert_eq!(
+            alloc.lookup(&[1, 2, 3, 4], 1),
+            vec![a[0]],
+            "at most max_blocks"
+        );
         // A shared block leaves the evictable pool until its last holder lets go.
         alloc.share(a[0]);
         alloc.share(a[0]);

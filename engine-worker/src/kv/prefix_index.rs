@@ -124,7 +124,10 @@ mod tests {
         index.insert(None, &[1], 0);
         assert_ne!(index.link(0), old_link);
         assert_eq!(index.find(Some(index.link(0)), &[2]), None);
-        assert!(index.contains(1), "the orphan stays until its own block is reused");
+        assert!(
+            index.contains(1),
+            "the orphan stays until its own block is reused"
+        );
         index.remove(1);
         assert_eq!(index.len(), 1);
     }

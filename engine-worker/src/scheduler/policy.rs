@@ -188,6 +188,7 @@ impl Scheduler {
             let reserved = seq.blocks.reserve(&mut self.alloc, positions);
             debug_assert!(reserved, "free blocks checked above");
             if !seq.prefilled {
+                seq.cached_prompt_tokens = computed;
                 self.prefix_stats.queried_tokens += seq.prompt_len as u64;
                 self.prefix_stats.hit_tokens += computed as u64;
             }

@@ -12,6 +12,8 @@ pub struct Sequence {
     pub owner: String,
     pub arrival_unix_ms: u64,
     pub prompt_len: usize,
+    /// Prompt positions the prefix cache held when the request was first admitted.
+    pub cached_prompt_tokens: usize,
     /// Prompt followed by the output so far.
     pub tokens: Vec<u32>,
     pub sampling: SamplingParams,

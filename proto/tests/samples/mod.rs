@@ -59,6 +59,7 @@ pub fn step_batch() -> StepBatch {
         row: 0,
         owner: "api-a".into(),
         prompt_tokens: 12,
+        cached_prompt_tokens: 0,
         arrival_unix_ms: 1_764_460_000_000,
     });
     b.push(StepRow {
@@ -100,6 +101,7 @@ pub fn resync() -> Resync {
             id: 9,
             owner: "api-a".into(),
             prompt_tokens: 30,
+            cached_prompt_tokens: 16,
             arrival_unix_ms: 1_764_460_000_001,
             prefilled: true,
             tokens: vec![1, 2, 3, 4, 5, 6],
@@ -167,6 +169,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             finish: Some(FinishReason::Stop),
             usage: Some(Usage {
                 prompt_tokens: 12,
+                cached_prompt_tokens: 0,
                 completion_tokens: 21,
             }),
             speculate_metrics: Some(Box::new(speculate_metrics())),
@@ -179,6 +182,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             finish: Some(FinishReason::Error),
             usage: Some(Usage {
                 prompt_tokens: 5,
+                cached_prompt_tokens: 0,
                 completion_tokens: 0,
             }),
             speculate_metrics: None,

@@ -48,6 +48,7 @@ impl B {
             row: self.0.len() as u32,
             owner: owner.into(),
             prompt_tokens: 7,
+            cached_prompt_tokens: 4,
             arrival_unix_ms: 1_000_000,
         });
         self.0.push(StepRow {
@@ -337,6 +338,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 id: 1,
                 owner: "api-a".into(),
                 prompt_tokens: 7,
+                cached_prompt_tokens: 4,
                 arrival_unix_ms: 1_000_000,
                 prefilled: true,
                 tokens: vec![5; 4 + 2 + 1],
@@ -349,6 +351,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 id: 5,
                 owner: "api-b".into(),
                 prompt_tokens: 3,
+                cached_prompt_tokens: 0,
                 arrival_unix_ms: 1_000_000,
                 prefilled: true,
                 tokens: vec![8, 9],
@@ -458,7 +461,10 @@ fn k_zero_has_no_speculate_metrics() {
     );
     assert_eq!(out[0].finish, Some(FinishReason::Stop));
     assert!(out[0].speculate_metrics.is_none());
-    assert_eq!(out[0].usage.as_ref().unwrap().completion_tokens, 2);
+    let usage = out[0].usage.as_ref().unwrap();
+    assert_eq!(usage.completion_tokens, 2);
+    // The worker's prefix-cache hits ride along to the api-server.
+    assert_eq!((usage.prompt_tokens, usage.cached_prompt_tokens), (7, 4));
 }
 
 #[test]
@@ -575,6 +581,7 @@ fn finished_request(
         id,
         owner: owner.into(),
         prompt_tokens: 7,
+        cached_prompt_tokens: 4,
         arrival_unix_ms: 1_000_000,
         prefilled: true,
         tokens,

@@ -8,7 +8,7 @@ use proto::tp_api::RequestOutput;
 use proto::{FinishReason, RequestId};
 
 use super::outputs::OwnerOutputs;
-use super::Figures;
+use super::{Figures, PromptTokens};
 
 /// Outputs grouped by owning api-server: one list (one message) per owner.
 pub type OutputsByOwner = Vec<(Arc<str>, OwnerOutputs)>;
@@ -114,6 +114,8 @@ pub struct Observations {
     /// Finished requests by [`FinishReason::code`] - 1.
     pub finished: [u64; 4],
     pub prompt_tokens: u64,
+    /// Of `prompt_tokens`, those the workers' prefix caches held.
+    pub cached_prompt_tokens: u64,
     pub generation_tokens: u64,
     /// Seconds from arrival to first token, per request that got its first token.
     pub ttft_s: Vec<f64>,
@@ -133,6 +135,7 @@ impl Observations {
             figures: Figures::new(num_spec_tokens),
             finished: [0; 4],
             prompt_tokens: 0,
+            cached_prompt_tokens: 0,
             generation_tokens: 0,
             ttft_s: Vec::new(),
             itl_s: Vec::new(),
@@ -140,6 +143,12 @@ impl Observations {
             unknown_rows: 0,
             refused_at_cap: 0,
         }
+    }
+
+    /// A request's prompt, counted once when its tracking starts.
+    pub fn count_prompt(&mut self, prompt: PromptTokens) {
+        self.prompt_tokens += u64::from(prompt.total);
+        self.cached_prompt_tokens += u64::from(prompt.cached);
     }
 
     pub fn count_finish(&mut self, reason: FinishReason) {
@@ -151,6 +160,7 @@ impl Observations {
         self.figures.clear();
         self.finished = [0; 4];
         self.prompt_tokens = 0;
+        self.cached_prompt_tokens = 0;
         self.generation_tokens = 0;
         self.ttft_s.clear();
         self.itl_s.clear();

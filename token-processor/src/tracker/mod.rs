@@ -17,7 +17,7 @@ use std::sync::Arc;
 pub use effects::{merge_by_owner, Observations, Outbox, OutputsByOwner};
 pub use figures::Figures;
 pub use outputs::{encode_outputs_message, OwnerOutputs};
-pub use request::RequestState;
+pub use request::{PromptTokens, RequestState};
 
 use proto::tp_api::{OutputErrorKind, RequestOutput};
 use proto::worker_tp::{ResyncRequest, StepBatch};
@@ -195,16 +195,16 @@ impl Tracker {
             }
             let owner: Arc<str> = self.owner(&start.owner);
             if self.requests.len() >= self.max_requests {
-                let state = RequestState::new(owner, start.prompt_tokens, start.arrival_unix_ms, 0);
+                let state = RequestState::new(owner, start.into(), start.arrival_unix_ms, 0);
                 self.refuse_at_cap(state, id, out, obs);
                 continue;
             }
-            obs.prompt_tokens += u64::from(start.prompt_tokens);
+            obs.count_prompt(start.into());
             self.requests.insert(
                 id,
                 RequestState::new(
                     owner,
-                    start.prompt_tokens,
+                    start.into(),
                     start.arrival_unix_ms,
                     self.num_spec_tokens,
                 ),
@@ -360,7 +360,7 @@ impl Tracker {
         } else {
             let owner: Arc<str> = self.owner(&req.owner);
             let k = self.num_spec_tokens;
-            let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, k);
+            let state = RequestState::new(owner, req.into(), req.arrival_unix_ms, k);
             refuse(
                 state,
                 req.id,
@@ -389,7 +389,7 @@ impl Tracker {
         }
         if finish.is_none() && ended_before.is_none() && self.requests.len() >= self.max_requests {
             let owner: Arc<str> = self.owner(&req.owner);
-            let state = RequestState::new(owner, req.prompt_tokens, req.arrival_unix_ms, 0);
+            let state = RequestState::new(owner, req.into(), req.arrival_unix_ms, 0);
             self.refuse_at_cap(state, req.id, out, obs);
             return None;
         }
@@ -406,12 +406,8 @@ impl Tracker {
         obs: &mut Observations,
     ) -> RequestState {
         let k = self.num_spec_tokens;
-        let mut state = RequestState::new(
-            self.owner(&req.owner),
-            req.prompt_tokens,
-            req.arrival_unix_ms,
-            k,
-        );
+        let mut state =
+            RequestState::new(self.owner(&req.owner), req.into(), req.arrival_unix_ms, k);
         match ended_before {
             Some(ended) => {
                 let counted = (ended.steps as usize).min(req.drafted.len());
@@ -423,7 +419,7 @@ impl Tracker {
             }
             None => {
                 obs.figures.add(&figures);
-                obs.prompt_tokens += u64::from(req.prompt_tokens);
+                obs.count_prompt(req.into());
             }
         }
         state.figures = figures;

@@ -224,6 +224,7 @@ mod tests {
                 output.finish = Some(FinishReason::Stop);
                 output.usage = Some(Usage {
                     prompt_tokens: 7,
+                    cached_prompt_tokens: 0,
                     completion_tokens: n as u32,
                 });
                 output.speculate_metrics = Some(Box::new(figures.speculate_metrics()));

@@ -4,14 +4,40 @@
 use std::sync::Arc;
 
 use proto::tp_api::{OutputError, OutputErrorKind, RequestOutput, Usage};
+use proto::worker_tp::{RequestStart, ResyncRequest};
 use proto::{FinishReason, RequestId};
 
 use super::{Clock, Figures};
 
+/// A request's prompt length, and how much of it the worker's prefix cache held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptTokens {
+    pub total: u32,
+    pub cached: u32,
+}
+
+impl From<&RequestStart> for PromptTokens {
+    fn from(start: &RequestStart) -> Self {
+        Self {
+            total: start.prompt_tokens,
+            cached: start.cached_prompt_tokens,
+        }
+    }
+}
+
+impl From<&ResyncRequest> for PromptTokens {
+    fn from(req: &ResyncRequest) -> Self {
+        Self {
+            total: req.prompt_tokens,
+            cached: req.cached_prompt_tokens,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct RequestState {
     pub owner: Arc<str>,
-    pub prompt_tokens: u32,
+    pub prompt: PromptTokens,
     pub arrival_unix_ms: u64,
     pub prefilled: bool,
     /// Tokens forwarded to the owner so far (the next output's `first_index`).
@@ -22,10 +48,10 @@ pub struct RequestState {
 }
 
 impl RequestState {
-    pub fn new(owner: Arc<str>, prompt_tokens: u32, arrival_unix_ms: u64, k: usize) -> Self {
+    pub fn new(owner: Arc<str>, prompt: PromptTokens, arrival_unix_ms: u64, k: usize) -> Self {
         Self {
             owner,
-            prompt_tokens,
+            prompt,
             arrival_unix_ms,
             prefilled: false,
             delivered: 0,
@@ -74,7 +100,8 @@ impl RequestState {
     ) {
         output.finish = Some(finish);
         output.usage = Some(Usage {
-            prompt_tokens: self.prompt_tokens,
+            prompt_tokens: self.prompt.total,
+            cached_prompt_tokens: self.prompt.cached,
             completion_tokens: self.delivered,
         });
         output.speculate_metrics = speculating.then(|| Box::new(self.figures.speculate_metrics()));

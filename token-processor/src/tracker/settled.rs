@@ -67,9 +67,18 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::tracker::PromptTokens;
 
     fn state(steps: usize, delivered: u32) -> RequestState {
-        let mut s = RequestState::new(Arc::from("api"), 3, 0, 2);
+        let mut s = RequestState::new(
+            Arc::from("api"),
+            PromptTokens {
+                total: 3,
+                cached: 0,
+            },
+            0,
+            2,
+        );
         for _ in 0..steps {
             s.figures.record(2, 1);
         }
