@@ -5,6 +5,7 @@
 #
 # Environment: SPECULA_API_PORT (8000), SPECULA_METRICS_PORT (9400),
 # SPECULA_NUM_SPEC_TOKENS (4), SPECULA_SPEC_POLICY (goodput), SPECULA_PROPOSER (suffix),
+# SPECULA_PREFIX_CACHING (true),
 # SPECULA_MODEL (the fetched GGUF).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use common::*;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::engine::Engine;
+use engine_worker::engine::{Engine, EngineConfig};
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use proto::api_worker::SamplingParams;
 
@@ -40,21 +40,22 @@ fn engine(k: usize, max_num_seqs: usize) -> Engine<CpuBackend> {
 }
 
 fn engine_with(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
-    let model = model();
-    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
-    let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;
-    Engine::new(backend, cfg, vocab)
+    engine_from(cfg)
 }
 
 fn engine_with_suffix(k: usize, max_num_seqs: usize, policy: SpecPolicy) -> Engine<CpuBackend> {
-    let model = model();
-    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
-    let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     let mut cfg = engine_config(k, max_num_seqs);
     cfg.spec_policy = policy;
     cfg.proposer = ProposerKind::Suffix;
+    engine_from(cfg)
+}
+
+fn engine_from(cfg: EngineConfig) -> Engine<CpuBackend> {
+    let model = model();
+    let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
+    let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
     Engine::new(backend, cfg, vocab)
 }
 
@@ -97,6 +98,14 @@ fn prompts() -> Vec<(Vec<u32>, u32)> {
     out
 }
 
+/// [`prompts`], each greedy.
+fn greedy_prompts() -> Vec<(Vec<u32>, u32, SamplingParams)> {
+    prompts()
+        .into_iter()
+        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
+        .collect()
+}
+
 fn run(engine: &mut Engine<CpuBackend>, reqs: &[(Vec<u32>, u32, SamplingParams)]) -> Vec<Outcome> {
     let mut outcomes = HashMap::new();
     for (i, (prompt, max_tokens, sampling)) in reqs.iter().enumerate() {
@@ -127,10 +136,7 @@ fn assert_same_tokens(plain: &[Outcome], runs: &[(&str, &[Outcome])]) {
 
 #[test]
 fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
-    let reqs: Vec<_> = prompts()
-        .into_iter()
-        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
-        .collect();
+    let reqs = greedy_prompts();
     let plain = run(&mut engine(0, 8), &reqs);
     let spec_b8 = run(&mut engine(4, 8), &reqs);
     let spec_b1 = run(&mut engine(4, 1), &reqs);
@@ -157,10 +163,7 @@ fn greedy_speculation_matches_plain_greedy_and_is_batch_invariant() {
 /// second time the shared trie holds their first answers.
 #[test]
 fn greedy_with_suffix_drafts_matches_plain_greedy() {
-    let mut reqs: Vec<_> = prompts()
-        .into_iter()
-        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
-        .collect();
+    let mut reqs = greedy_prompts();
     reqs.extend(reqs[..4].to_vec());
     let suffix = |max_num_seqs, policy| {
         let e = engine_with_suffix(4, max_num_seqs, policy);
@@ -181,10 +184,7 @@ fn greedy_with_suffix_drafts_matches_plain_greedy() {
 
 #[test]
 fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
-    let reqs: Vec<_> = prompts()
-        .into_iter()
-        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
-        .collect();
+    let reqs = greedy_prompts();
     let plain = run(&mut engine(0, 8), &reqs);
     let mut lone = engine_with(4, 1, SpecPolicy::Goodput);
     let goodput_b1 = run(&mut lone, &reqs);
@@ -211,17 +211,11 @@ fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
 /// and `(drafted, accepted)` that computing every position again gives.
 #[test]
 fn prompts_that_share_cached_blocks_get_the_tokens_of_a_full_computation() {
-    let reqs: Vec<_> = prompts()
-        .into_iter()
-        .map(|(p, n)| (p, n, SamplingParams::GREEDY))
-        .collect();
+    let reqs = greedy_prompts();
     let engine_caching = |on: bool| {
-        let model = model();
-        let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
-        let backend = CpuBackend::new(model, CpuBackendOptions::new(256)).expect("backend");
         let mut cfg = engine_config(4, 8);
         cfg.prefix_caching = on;
-        Engine::new(backend, cfg, vocab)
+        engine_from(cfg)
     };
     let mut off = engine_caching(false);
     let full = run(&mut off, &reqs);
