@@ -2,7 +2,8 @@
 //! hash chain over the whole prefix through the block table (a block shared with the wrong
 //! prefix, or overwritten while shared, is an error): requests that start alike share blocks
 //! and give the tokens and `(drafted, accepted)` they give with caching off, with a roomy cache
-//! and with one small enough to preempt and evict.
+//! and with one small enough to preempt and evict; a chat's next turn finds the previous
+//! answer's blocks.
 
 mod common;
 
@@ -125,5 +126,44 @@ fn a_cache_too_small_for_the_prefixes_evicts_them_and_changes_no_token() {
     for i in 0..reqs.len() {
         assert_eq!(roomy[i].tokens, tight[i].tokens, "request {i}");
         assert_eq!(roomy[i].steps, tight[i].steps, "request {i}");
+    }
+}
+
+/// The next turn of a chat: the new prompt is the last prompt, its answer and a new message.
+/// The answer's blocks were cached as it was generated, so the new prompt finds all of them.
+#[test]
+fn the_next_turn_finds_the_previous_answer_cached() {
+    let block_size = 4;
+    for k in [0, 4] {
+        let first = prompts(1, 11).remove(0);
+        let turn = |prefix_caching: bool| {
+            let backend = ToyBackend::new(VOCAB, vec![0], 4096, block_size);
+            let mut engine = Engine::new(backend, config(k, prefix_caching), None);
+            let mut outcomes = HashMap::new();
+            engine
+                .add_request(request(0, first.clone(), 30, SamplingParams::GREEDY))
+                .unwrap();
+            run_to_completion(&mut engine, &mut outcomes);
+            let history: Vec<u32> = first.iter().chain(&outcomes[&0].tokens).copied().collect();
+            let second: Vec<u32> = history.iter().copied().chain([5, 6, 7]).collect();
+            let before = engine.scheduler().prefix_stats().hit_tokens;
+            engine
+                .add_request(request(1, second, 20, SamplingParams::GREEDY))
+                .unwrap();
+            run_to_completion(&mut engine, &mut outcomes);
+            let hits = engine.scheduler().prefix_stats().hit_tokens - before;
+            (outcomes[&1].clone(), hits, history.len())
+        };
+        let (cached, hits, history) = turn(true);
+        let (full, no_hits, _) = turn(false);
+        assert_eq!(no_hits, 0);
+        // Every whole block of the first turn but the one holding its last token's next slot.
+        let want = (history - 1) / block_size * block_size;
+        assert!(
+            hits as usize >= want,
+            "K={k}: {hits} of {history} tokens cached"
+        );
+        assert_eq!(cached.tokens, full.tokens, "K={k}");
+        assert_eq!(cached.steps, full.steps, "K={k}");
     }
 }

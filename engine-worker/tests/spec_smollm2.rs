@@ -207,8 +207,9 @@ fn the_goodput_policy_is_lossless_and_drafts_for_a_lone_stream() {
 }
 
 /// Prefix caching on the real model: the prompts that start like an earlier one (the chat
-/// system prompt, the golden prompts' cut copies) reuse its cached blocks and get the tokens
-/// and `(drafted, accepted)` that computing every position again gives.
+/// system prompt, the golden prompts' cut copies), and next turns that carry an earlier answer,
+/// reuse the cached blocks and get the tokens and `(drafted, accepted)` that computing every
+/// position again gives.
 #[test]
 fn prompts_that_share_cached_blocks_get_the_tokens_of_a_full_computation() {
     let reqs = greedy_prompts();
@@ -229,10 +230,39 @@ fn prompts_that_share_cached_blocks_get_the_tokens_of_a_full_computation() {
         stats.hit_tokens * 3 > stats.queried_tokens,
         "too little came from the cache: {stats:?}"
     );
-    for (label, got) in [("cached", &cached), ("cached again", &again)] {
-        for (i, (g, want)) in got.iter().zip(&full).enumerate() {
-            assert_eq!(g.tokens, want.tokens, "prompt {i}: {label}");
-            assert_eq!(g.steps, want.steps, "prompt {i}: {label}");
+    // A next turn: each prompt, its answer, then the prompt's last tokens again. The answer's
+    // cache came from verify steps; the next turn's tokens must not see the difference.
+    let next_turns: Vec<_> = reqs
+        .iter()
+        .zip(&full)
+        .map(|((p, n, sampling), o)| {
+            let mut next = p.clone();
+            next.extend_from_slice(&o.tokens);
+            next.extend_from_slice(&p[p.len().saturating_sub(6)..]);
+            (next, *n, sampling.clone())
+        })
+        .collect();
+    let before = on.scheduler().prefix_stats().hit_tokens;
+    let next_cached = run(&mut on, &next_turns);
+    let next_hits = on.scheduler().prefix_stats().hit_tokens - before;
+    let answers_blocks: u64 = reqs
+        .iter()
+        .zip(&full)
+        .map(|((p, _, _), o)| ((p.len() + o.tokens.len() - 1) / 16 * 16) as u64)
+        .sum();
+    assert!(
+        next_hits >= answers_blocks,
+        "{next_hits} < {answers_blocks}"
+    );
+    let next_full = run(&mut off, &next_turns);
+    for (label, got, want) in [
+        ("cached", &cached, &full),
+        ("cached again", &again, &full),
+        ("next turn", &next_cached, &next_full),
+    ] {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert_eq!(g.tokens, w.tokens, "prompt {i}: {label}");
+            assert_eq!(g.steps, w.steps, "prompt {i}: {label}");
         }
     }
 }

@@ -218,7 +218,7 @@ impl<B: Backend> Engine<B> {
             max_tokens: req.max_tokens as usize,
             num_computed: 0,
             blocks: BlockTable::default(),
-            prompt_cached: false,
+            offered_blocks: 0,
             cached_prompt_tokens: 0,
             prefilled: false,
             drafted: Vec::new(),
@@ -491,9 +491,9 @@ impl<B: Backend> Engine<B> {
                 finished.push((seq.id, finish));
             }
         }
-        // Before finished sequences give their blocks back, so a one-token request's prompt
-        // is cached too.
-        self.scheduler.cache_prompts();
+        // Before finished sequences give their blocks back, so a finished request's blocks
+        // are cached too.
+        self.scheduler.cache_computed_blocks();
         let now = std::time::Instant::now();
         for (id, finish) in finished {
             if let Some(seq) = self.scheduler.remove(id) {

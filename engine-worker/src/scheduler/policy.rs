@@ -122,19 +122,21 @@ impl Scheduler {
         }
     }
 
-    /// Cached blocks that hold the start of a waiting sequence's prompt. A new prompt keeps its
-    /// last token to compute (its logits are the first output); a resumed one needs none of it.
+    /// Cached blocks that hold the start of a waiting sequence's tokens. Its last token is
+    /// always computed: a new prompt's logits are the first output, a resumed sequence's last
+    /// token starts its verify step.
     fn cached_prefix(&self, seq: &Sequence) -> Vec<u32> {
         if !self.cfg.prefix_caching || !seq.blocks.is_empty() {
             return Vec::new();
         }
-        let block_size = self.alloc.block_size();
-        let max_blocks = if seq.prefilled {
-            seq.prompt_len / block_size
+        let reusable = if seq.prefilled {
+            seq.len() - 1
         } else {
-            (seq.prompt_len - 1) / block_size
+            seq.prompt_len - 1
         };
-        self.alloc.lookup(&seq.tokens[..seq.prompt_len], max_blocks)
+        let block_size = self.alloc.block_size();
+        self.alloc
+            .lookup(&seq.tokens[..reusable], reusable / block_size)
     }
 
     pub fn schedule(&mut self) -> StepPlan {
@@ -153,7 +155,7 @@ impl Scheduler {
             let mut victim = self.running.pop().expect("index i is in range");
             victim.blocks.release_all(&mut self.alloc);
             victim.num_computed = 0;
-            victim.prompt_cached = false;
+            victim.offered_blocks = 0;
             plan.preempted.push(victim.id);
             self.waiting.push_front(victim);
         }
@@ -199,18 +201,24 @@ impl Scheduler {
         plan
     }
 
-    /// Registers the prompt blocks of running sequences whose prompt is now in the cache, for
-    /// later requests to share. Called after a forward wrote them.
-    pub fn cache_prompts(&mut self) {
+    /// Registers the full blocks whose every position a forward has written (prompt and
+    /// output alike), for later requests that start with the same tokens (the next turn of a
+    /// chat) to share. Called after each forward, before finished sequences let go of theirs.
+    pub fn cache_computed_blocks(&mut self) {
+        if !self.cfg.prefix_caching {
+            return;
+        }
+        let block_size = self.alloc.block_size();
         for seq in &mut self.running {
-            if seq.prompt_cached || seq.num_computed < seq.prompt_len {
+            // After a step cut short by a stop condition the cache may hold positions past the
+            // tokens kept: only blocks of kept tokens are offered.
+            let full = seq.num_computed.min(seq.len()) / block_size;
+            if full <= seq.offered_blocks {
                 continue;
             }
-            if self.cfg.prefix_caching {
-                self.alloc
-                    .register(&seq.tokens[..seq.prompt_len], seq.blocks.blocks());
-            }
-            seq.prompt_cached = true;
+            self.alloc
+                .register(&seq.tokens[..full * block_size], seq.blocks.blocks());
+            seq.offered_blocks = full;
         }
     }
 

@@ -24,8 +24,8 @@ pub struct Sequence {
     /// Positions whose keys/values are in the cache (0 after a preemption).
     pub num_computed: usize,
     pub blocks: BlockTable,
-    /// Its prompt's full blocks are registered in the prefix cache (or caching is off).
-    pub prompt_cached: bool,
+    /// Leading full blocks of its computed tokens already offered to the prefix cache.
+    pub offered_blocks: usize,
     /// The prefill step ran (a preemption does not undo it: resumption is a verify step).
     pub prefilled: bool,
     /// `(drafted, accepted)` of every verification step, for resyncs.
