@@ -219,6 +219,7 @@ impl<B: Backend> Engine<B> {
             num_computed: 0,
             blocks: BlockTable::default(),
             offered_blocks: 0,
+            offered_link: None,
             cached_prompt_tokens: 0,
             prefilled: false,
             drafted: Vec::new(),

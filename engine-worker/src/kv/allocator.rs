@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::prefix_index::PrefixIndex;
+use super::prefix_index::{BlockLink, PrefixIndex};
 
 /// Hands out physical block ids `0..num_blocks`. Releasing a block no table holds is a
 /// bookkeeping bug and panics (it would silently corrupt another sequence's cache).
@@ -143,24 +143,32 @@ impl BlockAllocator {
         found
     }
 
-    /// Registers the full blocks of `tokens` that `table` holds, in order, as a cached prefix.
-    /// The caller has written every position of them. Stops at a block whose content another
-    /// block already caches (a twin prompt computed in the same step).
-    pub fn register(&mut self, tokens: &[u32], table: &[u32]) {
-        let mut parent = None;
+    /// Registers `table`'s blocks, which hold `tokens` (whole blocks, every position written),
+    /// as the cached continuation of `parent` (None: they start a sequence). A block whose
+    /// content is cached already (taken by [`Self::lookup`], or a twin computed in the same
+    /// step) is left as it is, and the chain goes on through the cached one. Returns the link
+    /// of the last block's content: the parent of the sequence's next block.
+    pub fn register(
+        &mut self,
+        parent: Option<BlockLink>,
+        tokens: &[u32],
+        table: &[u32],
+    ) -> Option<BlockLink> {
+        let mut parent = parent;
         for (chunk, &block) in tokens.chunks_exact(self.block_size).zip(table) {
             debug_assert!(self.is_allocated(block), "only held blocks are registered");
-            match self.prefixes.find(parent, chunk) {
-                Some(cached) if cached == block => {}
-                Some(_) => return,
+            let cached = match self.prefixes.find(parent, chunk) {
+                Some(cached) => cached,
                 None => {
-                    if !self.prefixes.insert(parent, chunk, block) {
-                        return;
-                    }
+                    // Not found by its content, so allocated fresh: it caches nothing else.
+                    let inserted = self.prefixes.insert(parent, chunk, block);
+                    assert!(inserted, "block {block} already caches other content");
+                    block
                 }
-            }
-            parent = Some(self.prefixes.link(block));
+            };
+            parent = Some(self.prefixes.link(cached));
         }
+        parent
     }
 }
 
@@ -220,8 +228,9 @@ mod tests {
     fn cached_blocks_are_reused_only_after_free_ones_oldest_first() {
         let mut alloc = BlockAllocator::new(4, 2);
         let a: Vec<u32> = (0..4).map(|_| alloc.allocate().unwrap()).collect();
-        alloc.register(&[1, 2, 3, 4], &a[..2]);
-        alloc.register(&[9, 9], &a[2..3]);
+        let link = alloc.register(None, &[1, 2], &a[..1]);
+        alloc.register(link, &[3, 4], &a[1..2]);
+        alloc.register(None, &[9, 9], &a[2..3]);
         assert_eq!(alloc.num_cached(), 3);
         // Released in the order a[2], a[0], a[1], a[3]: a[3] caches nothing.
         for &i in &[2, 0, 1, 3] {
@@ -255,16 +264,21 @@ mod tests {
     }
 
     #[test]
-    fn a_twin_prompt_registers_nothing_over_the_first() {
-        let mut alloc = BlockAllocator::new(4, 2);
-        let first = [alloc.allocate().unwrap(), alloc.allocate().unwrap()];
-        let twin = [alloc.allocate().unwrap(), alloc.allocate().unwrap()];
-        alloc.register(&[1, 2, 3, 4], &first);
-        alloc.register(&[1, 2, 3, 4], &twin);
-        assert_eq!(alloc.num_cached(), 2);
+    fn a_twin_registers_only_where_it_differs_and_chains_through_the_first() {
+        let mut alloc = BlockAllocator::new(6, 2);
+        let first: Vec<u32> = (0..2).map(|_| alloc.allocate().unwrap()).collect();
+        let twin: Vec<u32> = (0..3).map(|_| alloc.allocate().unwrap()).collect();
+        alloc.register(None, &[1, 2, 3, 4], &first);
+        // Computed in the same step as the first: the same two blocks, then its own.
+        alloc.register(None, &[1, 2, 3, 4, 5, 6], &twin);
+        assert_eq!(alloc.num_cached(), 3);
         assert!(!alloc.is_cached(twin[0]) && !alloc.is_cached(twin[1]));
+        assert_eq!(
+            alloc.lookup(&[1, 2, 3, 4, 5, 6], 3),
+            vec![first[0], first[1], twin[2]]
+        );
         // Registering again what is registered changes nothing.
-        alloc.register(&[1, 2, 3, 4], &first);
-        assert_eq!(alloc.lookup(&[1, 2, 3, 4], 2), first.to_vec());
+        alloc.register(None, &[1, 2, 3, 4], &first);
+        assert_eq!(alloc.num_cached(), 3);
     }
 }

@@ -8,4 +8,4 @@ mod prefix_index;
 
 pub use allocator::BlockAllocator;
 pub use block_table::BlockTable;
-pub use prefix_index::{BlockLink, PrefixIndex};
+pub use prefix_index::BlockLink;

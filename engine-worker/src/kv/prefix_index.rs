@@ -43,10 +43,6 @@ impl PrefixIndex {
         self.by_key.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
     pub fn contains(&self, block: u32) -> bool {
         self.key_of[block as usize].is_some()
     }

@@ -156,6 +156,7 @@ impl Scheduler {
             victim.blocks.release_all(&mut self.alloc);
             victim.num_computed = 0;
             victim.offered_blocks = 0;
+            victim.offered_link = None;
             plan.preempted.push(victim.id);
             self.waiting.push_front(victim);
         }
@@ -180,7 +181,7 @@ impl Scheduler {
                 .iter()
                 .filter(|&&b| !self.alloc.is_allocated(b))
                 .count();
-            let missing = self.alloc.blocks_for(positions) - cached.len();
+            let missing = front.blocks.missing_blocks(&self.alloc, positions) - cached.len();
             if missing + reclaimed > self.alloc.num_free() {
                 break;
             }
@@ -213,11 +214,15 @@ impl Scheduler {
             // After a step cut short by a stop condition the cache may hold positions past the
             // tokens kept: only blocks of kept tokens are offered.
             let full = seq.num_computed.min(seq.len()) / block_size;
-            if full <= seq.offered_blocks {
+            let from = seq.offered_blocks;
+            if full <= from {
                 continue;
             }
-            self.alloc
-                .register(&seq.tokens[..full * block_size], seq.blocks.blocks());
+            seq.offered_link = self.alloc.register(
+                seq.offered_link,
+                &seq.tokens[from * block_size..full * block_size],
+                &seq.blocks.blocks()[from..full],
+            );
             seq.offered_blocks = full;
         }
     }

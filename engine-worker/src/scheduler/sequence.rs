@@ -3,7 +3,7 @@
 use proto::api_worker::{SamplingParams, StopConditions};
 use proto::RequestId;
 
-use crate::kv::BlockTable;
+use crate::kv::{BlockLink, BlockTable};
 use crate::spec::RequestAcceptance;
 
 #[derive(Debug)]
@@ -24,8 +24,10 @@ pub struct Sequence {
     /// Positions whose keys/values are in the cache (0 after a preemption).
     pub num_computed: usize,
     pub blocks: BlockTable,
-    /// Leading full blocks of its computed tokens already offered to the prefix cache.
+    /// Leading full blocks of its computed tokens already offered to the prefix cache, and the
+    /// cached content the last of them continues from (the next block's parent).
     pub offered_blocks: usize,
+    pub offered_link: Option<BlockLink>,
     /// The prefill step ran (a preemption does not undo it: resumption is a verify step).
     pub prefilled: bool,
     /// `(drafted, accepted)` of every verification step, for resyncs.
