@@ -32,6 +32,12 @@ impl Prometheus {
         .replace("127.0.0.1:9400", &format!("127.0.0.1:{target_port}"))
         .replace("scrape_interval: 5s", "scrape_interval: 1s");
         std::fs::write(&config, shipped).unwrap();
+        // Its rule file, beside it where the config names it, so the server runs as shipped.
+        std::fs::copy(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/prometheus/alerts.yml"),
+            dir.join("alerts.yml"),
+        )
+        .unwrap();
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(

@@ -14,8 +14,8 @@ use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettin
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
-use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
-use engine_worker::spec::{SpecPolicy, SuffixConfig};
+use engine_worker::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
+use engine_worker::spec::{DraftSource, SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
 use link::ipc::{default_tp_ingest_endpoint, default_worker_endpoint};
 use link::service;
@@ -94,6 +94,16 @@ struct Args {
     /// repeated across requests are drafted too) or `ngram` (prompt lookup).
     #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = ProposerKind::default().name())]
     proposer: ProposerArg,
+    /// A draft model (GGUF file or Hugging Face directory) that drafts instead of `--proposer`.
+    /// It must share the target's vocabulary (checked at load) and runs on the same device,
+    /// with its own KV cache laid out like the target's (`scripts/make-draft.py` makes drafts
+    /// from a target).
+    #[arg(long, env = "SPECULA_DRAFT_MODEL", conflicts_with = "draft_layers")]
+    draft_model: Option<PathBuf>,
+    /// Self-speculation: the target's first N layers, its final norm and its LM head draft
+    /// (early exit, no extra weights, in the target's own KV cache) instead of `--proposer`.
+    #[arg(long, env = "SPECULA_DRAFT_LAYERS")]
+    draft_layers: Option<usize>,
     /// Shortest suffix the n-gram proposer matches.
     #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]
     ngram_min: usize,
@@ -205,6 +215,10 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         .worker_id
         .get_or_insert_with(|| link::identity::default_id("worker", &args.api_endpoint))
         .clone();
+    // The proposer labels metric series: refuse a name that cannot be one (a draft file name
+    // too long, say) now, not at the token-processor.
+    proto::worker_tp::check_proposer(&proposer_name(&args))
+        .map_err(|why| anyhow::anyhow!("cannot name the proposer: {why}; rename the draft file"))?;
     let status = worker_status(&args, &worker_id);
     let heartbeat = args.service.liveness().interval;
     let link_secret = link::auth::secret_for(
@@ -332,19 +346,28 @@ fn worker_status(args: &Args, worker_id: &str) -> Arc<WorkerStatus> {
     // The same name the loader gives the model, so metric labels do not change when the
     // not-ready hello is followed by the ready one.
     let model_label = vocab::served_model_name(&args.model);
-    let proposer = if args.num_spec_tokens > 0 {
-        args.proposer.kind().name()
-    } else {
-        "none"
-    };
+    let proposer = proposer_name(args);
     Arc::new(WorkerStatus::new(
         worker_id.to_owned(),
         epoch,
         model_label,
         args.num_spec_tokens as u32,
-        proposer.into(),
+        proposer,
         args.service.heartbeat_interval_ms,
     ))
+}
+
+/// What the worker will draft with, as hellos, `/health` and metric labels name it (the names
+/// `ModelDrafter` and the proposers give themselves).
+fn proposer_name(args: &Args) -> String {
+    if args.num_spec_tokens == 0 {
+        return "none".into();
+    }
+    match (&args.draft_model, args.draft_layers) {
+        (Some(path), _) => format!("draft:{}", vocab::served_model_name(path)),
+        (None, Some(n)) => format!("layers:{n}"),
+        (None, None) => args.proposer.kind().name().into(),
+    }
 }
 
 /// The engine on whichever backend `--device` chose.
@@ -374,6 +397,7 @@ fn step_loop_thread(args: &Args, worker_id: &str, status: Arc<WorkerStatus>, end
     let _ = ends.admission.send(Some(ApiAdmission {
         max_waiting: engine.config().max_waiting,
     }));
+    status.set_draft_kv_bytes(engine.draft_kv_bytes());
     status.set_ready(
         engine.backend().config().name.clone(),
         engine.config().max_model_len,
@@ -431,6 +455,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
     let model = Model::load(&args.model, format, dtype, args.seed)
         .with_context(|| format!("cannot load {}", args.model.display()))?;
     let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
+    let draft = load_draft(args, &model, format, dtype)?;
     let backend = build_backend(args, model)?;
     tracing::info!(
         model = %backend.config().name,
@@ -456,12 +481,49 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
         max_waiting: args.max_waiting,
         prefix_caching: args.prefix_caching,
     };
-    let mut engine = Engine::new(backend, cfg, vocab);
+    let draft = match draft {
+        Some(draft) => Some(DraftSource::Model(build_backend(args, draft)?)),
+        None => args.draft_layers.map(DraftSource::TargetLayers),
+    };
+    let mut engine = Engine::with_drafter(backend, cfg, vocab, draft)?;
+    if let Some(drafter) = engine.drafter() {
+        tracing::info!(
+            drafter = drafter.name(),
+            draft_kv_bytes = drafter.kv_cache_bytes(),
+            "model drafter ready"
+        );
+    }
     engine.set_retain_bounds(RetainBounds {
         max_bytes: (args.retain_max_mib as usize) << 20,
         max_age: Duration::from_secs(args.retain_max_age_secs),
     });
     Ok(engine)
+}
+
+/// The draft model of `--draft-model`, refused unless it shares the target's vocabulary.
+fn load_draft(
+    args: &Args,
+    target: &Model,
+    format: LoadFormat,
+    dtype: WeightType,
+) -> anyhow::Result<Option<Model>> {
+    let Some(path) = &args.draft_model else {
+        return Ok(None);
+    };
+    if args.num_spec_tokens == 0 {
+        tracing::warn!("--draft-model is unused with --num-spec-tokens 0");
+        return Ok(None);
+    }
+    let draft = Model::load(path, format, dtype, args.seed.wrapping_add(1))
+        .with_context(|| format!("cannot load draft model {}", path.display()))?;
+    if let Some(why) = vocabulary_mismatch(target, &draft) {
+        anyhow::bail!(
+            "draft model {} cannot draft for {}: {why}",
+            path.display(),
+            args.model.display()
+        );
+    }
+    Ok(Some(draft))
 }
 
 fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> {

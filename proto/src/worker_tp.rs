@@ -13,6 +13,11 @@ use crate::{FinishReason, ProtoError, RequestId};
 /// request and the step batch carries `d` as a byte. A worker with a larger K refuses to start.
 pub const MAX_SPEC_TOKENS: u32 = 64;
 
+/// Longest [`WorkerHello::proposer`] the token-processor takes, in bytes: the proposer becomes
+/// a label value of every acceptance series, so it is bounded like any label an operator did
+/// not choose.
+pub const MAX_PROPOSER_BYTES: usize = 64;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerHello {
     pub protocol_version: u32,
@@ -22,6 +27,9 @@ pub struct WorkerHello {
     pub model: String,
     /// K: the most draft tokens a step may propose.
     pub num_spec_tokens: u32,
+    /// Where the drafts come from: `ngram`, `suffix`, `draft:<model name>`, `layers:<N>`, or
+    /// `none` (K = 0). The token-processor labels the worker's acceptance series with it, so it
+    /// must pass [`check_proposer`].
     pub proposer: String,
     /// True once the model is loaded and the worker takes requests.
     pub ready: bool,
@@ -33,6 +41,29 @@ pub struct WorkerHello {
     /// Positions the worker's KV cache holds (blocks × block size); 0 until the model is loaded.
     /// The api-server's default admission bound derives from it.
     pub kv_capacity_tokens: u32,
+    /// Bytes of the draft model's own KV cache, beside the target's (0 when the proposer keeps
+    /// none, and until the model is loaded): what drafting costs in accelerator memory.
+    pub draft_kv_bytes: u64,
+}
+
+/// Ok when `proposer` can be a metric label value: not empty (an empty value is no label at all
+/// in Prometheus), at most [`MAX_PROPOSER_BYTES`], no control characters. Else why not.
+pub fn check_proposer(proposer: &str) -> Result<(), String> {
+    if proposer.is_empty() {
+        return Err("the proposer is empty".into());
+    }
+    if proposer.len() > MAX_PROPOSER_BYTES {
+        return Err(format!(
+            "the proposer is {} bytes, more than {MAX_PROPOSER_BYTES}",
+            proposer.len()
+        ));
+    }
+    if proposer.chars().any(char::is_control) {
+        return Err(format!(
+            "the proposer {proposer:?} contains control characters"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,6 @@
 //! `/metrics` (Prometheus text) and `/health` (200 only while ingest runs and a worker is alive).
+//! `/health`'s first line says which (`ok: ...` or `unavailable: ...`); one line per live worker
+//! follows, in logfmt: `worker=... model=... proposer=... num_spec_tokens=... draft_kv_bytes=...`.
 
 use std::sync::Arc;
 
@@ -8,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
+use proto::worker_tp::WorkerHello;
 
 use crate::ingest::IngestHealth;
 
@@ -37,11 +40,70 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn health_check(State(state): State<AppState>) -> impl IntoResponse {
+    let workers: String = state.health.workers().iter().map(worker_line).collect();
     match state.health.check() {
-        Ok(workers) => (StatusCode::OK, format!("ok: {workers} worker(s) alive\n")),
+        Ok(n) => (
+            StatusCode::OK,
+            format!("ok: {n} worker(s) alive\n{workers}"),
+        ),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("unavailable: {reason}\n"),
+            format!("unavailable: {reason}\n{workers}"),
         ),
+    }
+}
+
+/// One live worker as `/health` shows it: what it drafts with and what that costs.
+fn worker_line(hello: &WorkerHello) -> String {
+    format!(
+        "worker={} model={} proposer={} num_spec_tokens={} draft_kv_bytes={}\n",
+        logfmt(&hello.worker_id),
+        logfmt(&hello.model),
+        logfmt(&hello.proposer),
+        hello.num_spec_tokens,
+        hello.draft_kv_bytes
+    )
+}
+
+/// A logfmt value: as is when it is one plain word, else quoted and escaped (ids and model names
+/// are the workers' own words).
+fn logfmt(value: &str) -> String {
+    let plain = !value.is_empty()
+        && !value
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '=' || c == '\\');
+    if plain {
+        value.to_owned()
+    } else {
+        format!("{value:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_lines_are_logfmt_with_odd_values_quoted() {
+        let hello = WorkerHello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            worker_id: "engine-worker@host/ipc:///run/specula/api".into(),
+            epoch: 1,
+            model: "my model".into(),
+            num_spec_tokens: 4,
+            proposer: "draft:SmolLM2-135M-Instruct.Q4_0".into(),
+            ready: true,
+            heartbeat_interval_ms: 500,
+            max_model_len: 2048,
+            kv_capacity_tokens: 32_768,
+            draft_kv_bytes: 6_291_456,
+        };
+        assert_eq!(
+            worker_line(&hello),
+            "worker=engine-worker@host/ipc:///run/specula/api model=\"my model\" \
+             proposer=draft:SmolLM2-135M-Instruct.Q4_0 num_spec_tokens=4 draft_kv_bytes=6291456\n"
+        );
+        assert_eq!(logfmt(""), "\"\"");
+        assert_eq!(logfmt("a\"b=c"), "\"a\\\"b=c\"");
     }
 }

@@ -1,15 +1,16 @@
 //! Every metric the token-processor exports: names, units, help text and histogram buckets, all
-//! here. Labels are `model` and `worker` (plus the spec's `position` on the per-position
-//! counter); never a request id. Finish reasons are separate counters so that no other label
-//! exists.
+//! here. Labels are `model` and `worker`, plus `proposer` (the worker's hello's) on the spec's
+//! series (`specula_spec_decode*`, one proposer per worker, so bounded) and the spec's `position`
+//! on the per-position counter; never a request id. Finish reasons are separate counters so that
+//! no other label exists.
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::binned::{self, BinnedHistogram};
+use crate::binned::{self, BinnedHistogram, Labels, OwnCounter};
 use crate::error::TpError;
-use crate::tracker::Observations;
+use crate::tracker::{Figures, Observations};
 
 pub const SPEC_NUM_STEPS: &str = "specula_spec_decode_num_steps_total";
 pub const SPEC_NUM_DRAFTS: &str = "specula_spec_decode_num_drafts_total";
@@ -19,6 +20,18 @@ pub const SPEC_ACCEPTED_PER_POS: &str = "specula_spec_decode_num_accepted_tokens
 pub const SPEC_NUM_EMITTED_TOKENS: &str = "specula_spec_decode_num_emitted_tokens_total";
 pub const SPEC_ACCEPTED_PER_STEP: &str = "specula_spec_decode_accepted_drafts_per_step";
 pub const SPEC_DRAFTED_PER_STEP: &str = "specula_spec_decode_drafted_per_step";
+
+/// Every series labelled with the worker's proposer: the spec's.
+const SPEC_SERIES: &[&str] = &[
+    SPEC_NUM_STEPS,
+    SPEC_NUM_DRAFTS,
+    SPEC_NUM_DRAFT_TOKENS,
+    SPEC_NUM_ACCEPTED_TOKENS,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_NUM_EMITTED_TOKENS,
+    SPEC_ACCEPTED_PER_STEP,
+    SPEC_DRAFTED_PER_STEP,
+];
 
 /// Finished-request counters, indexed by `FinishReason::code() - 1`.
 pub const FINISHED: [&str; 4] = [
@@ -77,28 +90,19 @@ const PROCESS_COUNTERS: &[&str] = &[
     DUPLICATE_IDS,
 ];
 
-/// Installs the global Prometheus recorder and the binned histograms ([`binned`]: the
-/// histograms observed once per batch row). `max_spec_tokens` sets the per-step buckets
-/// `le="0".."K"` (one bucket set per metric name, so the largest K expected).
+/// Installs the global Prometheus recorder and the series the token-processor renders itself
+/// ([`binned`]: the histograms observed once per batch row, and the spec's counters).
+/// `max_spec_tokens` sets the per-step buckets `le="0".."K"` (one bucket set per metric name,
+/// so the largest K expected).
 pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
-    let per_step: Vec<f64> = (0..=max_spec_tokens).map(f64::from).collect();
-    let mut per_row = binned::Registry::default();
-    per_row.declare(
-        SPEC_ACCEPTED_PER_STEP,
-        "Accepted draft tokens per verification step.",
-        &per_step,
-    );
-    per_row.declare(
-        SPEC_DRAFTED_PER_STEP,
-        "Draft tokens proposed per verification step (what the drafting policy chose).",
-        &per_step,
-    );
-    per_row.declare(
+    let mut own = binned::Registry::default();
+    declare_speculation(&mut own, max_spec_tokens);
+    own.declare(
         ITL,
         "Time between consecutive token deliveries of a request, in seconds.",
         ITL_BUCKETS,
     );
-    binned::install(per_row);
+    binned::install(own);
     let err = |e: metrics_exporter_prometheus::BuildError| TpError::Metrics(e.to_string());
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
@@ -120,44 +124,49 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
 
 /// Describes every series, by family (each `describe_*!` of the token-processor is in this file).
 fn describe_all() {
-    describe_speculation();
     describe_requests();
     describe_connections();
     describe_step_batches();
     describe_link_faults();
 }
 
-/// The spec's speculative-decoding counters.
-fn describe_speculation() {
-    describe_counter!(
+/// The spec's speculative-decoding series, rendered by [`binned`] so that a worker's series under
+/// an earlier proposer can be retired ([`SpecSeries::new`]).
+fn declare_speculation(own: &mut binned::Registry, max_spec_tokens: u32) {
+    own.declare_counter(
         SPEC_NUM_STEPS,
-        Unit::Count,
-        "Verification (decode) steps; the prefill is not one."
+        "Verification (decode) steps; the prefill is not one.",
     );
-    describe_counter!(
+    own.declare_counter(
         SPEC_NUM_DRAFTS,
-        Unit::Count,
-        "Verification steps that proposed at least one draft token."
+        "Verification steps that proposed at least one draft token.",
     );
-    describe_counter!(
+    own.declare_counter(
         SPEC_NUM_DRAFT_TOKENS,
-        Unit::Count,
-        "Draft tokens proposed, sum of d over steps."
+        "Draft tokens proposed, sum of d over steps.",
     );
-    describe_counter!(
+    own.declare_counter(
         SPEC_NUM_ACCEPTED_TOKENS,
-        Unit::Count,
-        "Draft tokens accepted by the verifier, sum of a over steps (bonus token excluded)."
+        "Draft tokens accepted by the verifier, sum of a over steps (bonus token excluded).",
     );
-    describe_counter!(
+    own.declare_counter(
         SPEC_ACCEPTED_PER_POS,
-        Unit::Count,
-        "Draft tokens accepted at draft position i (0-based; position 0 is head 1)."
+        "Draft tokens accepted at draft position i (0-based; position 0 is head 1).",
     );
-    describe_counter!(
+    own.declare_counter(
         SPEC_NUM_EMITTED_TOKENS,
-        Unit::Count,
-        "Tokens produced by verification steps, sum of a+1 (bonus included)."
+        "Tokens produced by verification steps, sum of a+1 (bonus included).",
+    );
+    let per_step: Vec<f64> = (0..=max_spec_tokens).map(f64::from).collect();
+    own.declare(
+        SPEC_ACCEPTED_PER_STEP,
+        "Accepted draft tokens per verification step.",
+        &per_step,
+    );
+    own.declare(
+        SPEC_DRAFTED_PER_STEP,
+        "Draft tokens proposed per verification step (what the drafting policy chose).",
+        &per_step,
     );
 }
 
@@ -282,17 +291,73 @@ fn describe_link_faults() {
     );
 }
 
+/// The spec's series of one worker (every `specula_spec_decode*` name), labelled `model`,
+/// `worker` and `proposer`.
+#[derive(Debug, Clone)]
+struct SpecSeries {
+    steps: OwnCounter,
+    drafts: OwnCounter,
+    draft_tokens: OwnCounter,
+    accepted_tokens: OwnCounter,
+    accepted_per_pos: Vec<OwnCounter>,
+    emitted_tokens: OwnCounter,
+    accepted_per_step: BinnedHistogram,
+    drafted_per_step: BinnedHistogram,
+}
+
+impl SpecSeries {
+    /// Resolves (and exports at 0) the series, after retiring the worker's series under another
+    /// model or proposer: a worker that comes back with another proposer shows only the new one
+    /// (Prometheus keeps the old one's history).
+    fn new(model: &str, worker: &str, proposer: &str, num_spec_tokens: usize) -> Self {
+        let labels = Labels::new(model, worker, &[("proposer", proposer)]);
+        binned::retire(SPEC_SERIES, &labels);
+        let c = |name: &str| binned::counter(name, &labels, &[]);
+        let accepted_per_pos = (0..num_spec_tokens)
+            .map(|i| {
+                binned::counter(
+                    SPEC_ACCEPTED_PER_POS,
+                    &labels,
+                    &[("position", &i.to_string())],
+                )
+            })
+            .collect();
+        Self {
+            steps: c(SPEC_NUM_STEPS),
+            drafts: c(SPEC_NUM_DRAFTS),
+            draft_tokens: c(SPEC_NUM_DRAFT_TOKENS),
+            accepted_tokens: c(SPEC_NUM_ACCEPTED_TOKENS),
+            accepted_per_pos,
+            emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
+            accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, &labels),
+            drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, &labels),
+        }
+    }
+
+    /// Adds one batch's figures.
+    fn apply(&self, f: &Figures) {
+        if f.is_zero() {
+            return;
+        }
+        self.steps.increment(f.steps());
+        self.drafts.increment(f.drafts());
+        self.draft_tokens.increment(f.draft_tokens());
+        self.accepted_tokens.increment(f.accepted_draft_tokens());
+        self.emitted_tokens.increment(f.emitted_tokens());
+        for (handle, n) in self.accepted_per_pos.iter().zip(f.accepted_per_position()) {
+            handle.increment(n);
+        }
+        self.accepted_per_step
+            .observe(per_length(f.accept_length_histogram()));
+        self.drafted_per_step
+            .observe(per_length(f.draft_length_histogram()));
+    }
+}
+
 /// Metric handles of one worker, resolved once at hello so the hot path does no lookups.
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
-    steps: Counter,
-    drafts: Counter,
-    draft_tokens: Counter,
-    accepted_tokens: Counter,
-    accepted_per_pos: Vec<Counter>,
-    emitted_tokens: Counter,
-    accepted_per_step: BinnedHistogram,
-    drafted_per_step: BinnedHistogram,
+    spec: SpecSeries,
     finished: [Counter; 4],
     prompt_tokens: Counter,
     prefix_cache_hits: Counter,
@@ -312,38 +377,25 @@ pub struct WorkerMetrics {
 }
 
 impl WorkerMetrics {
-    /// Resolves (and exports at 0) every series of worker `worker` serving `model` with K drafts.
-    pub fn new(model: &str, worker: &str, num_spec_tokens: usize) -> Self {
+    /// Resolves (and exports at 0) every series of worker `worker` serving `model` with K drafts
+    /// from `proposer`.
+    pub fn new(model: &str, worker: &str, proposer: &str, num_spec_tokens: usize) -> Self {
         let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
         let c = |name: &'static str| {
             let handle = counter!(name, &labels);
             handle.increment(0);
             handle
         };
-        let accepted_per_pos = (0..num_spec_tokens)
-            .map(|i| {
-                let handle = counter!(SPEC_ACCEPTED_PER_POS, "model" => model.to_owned(), "worker" => worker.to_owned(), "position" => i.to_string());
-                handle.increment(0);
-                handle
-            })
-            .collect();
         let running = gauge!(REQUESTS_RUNNING, &labels);
         running.set(0.0);
         Self {
-            steps: c(SPEC_NUM_STEPS),
-            drafts: c(SPEC_NUM_DRAFTS),
-            draft_tokens: c(SPEC_NUM_DRAFT_TOKENS),
-            accepted_tokens: c(SPEC_NUM_ACCEPTED_TOKENS),
-            accepted_per_pos,
-            emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
-            accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, model, worker),
-            drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, model, worker),
+            spec: SpecSeries::new(model, worker, proposer, num_spec_tokens),
             finished: FINISHED.map(c),
             prompt_tokens: c(PROMPT_TOKENS),
             prefix_cache_hits: c(PREFIX_CACHE_HITS),
             generation_tokens: c(GENERATION_TOKENS),
             ttft: histogram!(TTFT, &labels),
-            itl: binned::histogram(ITL, model, worker),
+            itl: binned::histogram(ITL, &Labels::new(model, worker, &[])),
             e2e: histogram!(E2E, &labels),
             running,
             batch_processing: histogram!(BATCH_PROCESSING, &labels),
@@ -359,21 +411,7 @@ impl WorkerMetrics {
 
     /// Adds one batch's (or sweep's) observations.
     pub fn apply(&self, obs: &Observations) {
-        let f = &obs.figures;
-        if !f.is_zero() {
-            self.steps.increment(f.steps());
-            self.drafts.increment(f.drafts());
-            self.draft_tokens.increment(f.draft_tokens());
-            self.accepted_tokens.increment(f.accepted_draft_tokens());
-            self.emitted_tokens.increment(f.emitted_tokens());
-            for (handle, n) in self.accepted_per_pos.iter().zip(f.accepted_per_position()) {
-                handle.increment(n);
-            }
-            self.accepted_per_step
-                .observe(per_length(f.accept_length_histogram()));
-            self.drafted_per_step
-                .observe(per_length(f.draft_length_histogram()));
-        }
+        self.spec.apply(&obs.figures);
         for (handle, &n) in self.finished.iter().zip(&obs.finished) {
             if n > 0 {
                 handle.increment(n);

@@ -180,8 +180,8 @@ impl Drop for FakeApi {
 /// One row: id, tokens, drafted, accepted, prefill, finish.
 type Row<'a> = (u64, &'a [u32], u8, u8, bool, Option<FinishReason>);
 
-fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
-    let mut b = StepBatch::new(WORKER.into(), 1, seq);
+fn batch(epoch: u64, seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
+    let mut b = StepBatch::new(WORKER.into(), epoch, seq);
     for &(id, tokens, d, a, prefill, finish) in rows {
         if let Some(&(_, owner)) = starts.iter().find(|s| s.0 == id) {
             b.starts.push(RequestStart {
@@ -210,31 +210,38 @@ fn batch(seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> WorkerToTp {
 /// the test itself longer than three intervals (a cold `promtool` start on a loaded CI machine)
 /// would look like a dead worker and fail the next step.
 struct FakeWorker {
+    epoch: u64,
     link: Arc<tokio::sync::Mutex<(DealerSocket, u64)>>,
     heartbeats: tokio::task::JoinHandle<()>,
 }
 
+/// The hello of process `epoch` of the fake worker, drafting with `proposer`.
+fn worker_hello(epoch: u64, proposer: &str, draft_kv_bytes: u64) -> WorkerHello {
+    WorkerHello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        worker_id: WORKER.into(),
+        epoch,
+        model: "smol".into(),
+        num_spec_tokens: 4,
+        proposer: proposer.into(),
+        ready: true,
+        heartbeat_interval_ms: HEARTBEAT_MS,
+        max_model_len: 2048,
+        kv_capacity_tokens: 32_768,
+        draft_kv_bytes,
+    }
+}
+
 impl FakeWorker {
-    /// Connects, says hello and resyncs (no requests), then starts heartbeating.
-    async fn connect(endpoint: &str) -> FakeWorker {
+    /// Connects, says `hello` and resyncs (no requests), then starts heartbeating.
+    async fn connect(endpoint: &str, hello: WorkerHello) -> FakeWorker {
+        let epoch = hello.epoch;
         let mut socket = DealerSocket::new();
         socket.connect(endpoint).await.unwrap();
-        let hello = WorkerHello {
-            protocol_version: proto::PROTOCOL_VERSION,
-            worker_id: WORKER.into(),
-            epoch: 1,
-            model: "smol".into(),
-            num_spec_tokens: 4,
-            proposer: "ngram".into(),
-            ready: true,
-            heartbeat_interval_ms: HEARTBEAT_MS,
-            max_model_len: 2048,
-            kv_capacity_tokens: 32_768,
-        };
         send(&mut socket, &WorkerToTp::Hello(hello)).await;
         let resync = Resync {
             worker_id: WORKER.into(),
-            epoch: 1,
+            epoch,
             next_seq: 0,
             requests: vec![],
         };
@@ -247,11 +254,15 @@ impl FakeWorker {
                 tick.tick().await;
                 let mut guard = beating.lock().await;
                 let (socket, next_seq) = &mut *guard;
-                let hb = Heartbeat::idle(WORKER.into(), 1, *next_seq);
+                let hb = Heartbeat::idle(WORKER.into(), epoch, *next_seq);
                 send(socket, &WorkerToTp::Heartbeat(hb)).await;
             }
         });
-        FakeWorker { link, heartbeats }
+        FakeWorker {
+            epoch,
+            link,
+            heartbeats,
+        }
     }
 
     /// Pushes the next step batch; the sequence number and the send are one atomic step, so a
@@ -259,7 +270,7 @@ impl FakeWorker {
     async fn step(&self, rows: &[Row<'_>], starts: &[(u64, &str)]) {
         let mut guard = self.link.lock().await;
         let (socket, next_seq) = &mut *guard;
-        send(socket, &batch(*next_seq, rows, starts)).await;
+        send(socket, &batch(self.epoch, *next_seq, rows, starts)).await;
         *next_seq += 1;
     }
 
@@ -358,8 +369,12 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     let mut api_a = FakeApi::connect(&api_endpoint, "api-a").await;
     let mut api_b = FakeApi::connect(&api_endpoint, "api-b").await;
 
-    let worker = FakeWorker::connect(&ingest).await;
-    wait_health(http_port, 200, Duration::from_secs(5)).await;
+    let worker = FakeWorker::connect(&ingest, worker_hello(1, "ngram", 0)).await;
+    let body = wait_health(http_port, 200, Duration::from_secs(5)).await;
+    assert_eq!(
+        body,
+        format!("ok: 1 worker(s) alive\nworker={WORKER} model=smol proposer=ngram num_spec_tokens=4 draft_kv_bytes=0\n")
+    );
 
     // Request 1 (api-a) and 2 (api-b): prefill, two verification steps, finish.
     worker
@@ -442,57 +457,56 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     let (status, text) = http_get(http_port, "/metrics").await.unwrap();
     assert_eq!(status, 200);
     let labels = format!("{{model=\"smol\",worker=\"{WORKER}\"}}");
+    // The spec's series carry the worker's proposer too.
+    let spec = format!("{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\"}}");
+    assert_eq!(
+        metric(&text, &format!("specula_spec_decode_num_steps_total{spec}")),
+        4.0
+    );
     assert_eq!(
         metric(
             &text,
-            &format!("specula_spec_decode_num_steps_total{labels}")
+            &format!("specula_spec_decode_num_drafts_total{spec}")
         ),
         4.0
     );
     assert_eq!(
         metric(
             &text,
-            &format!("specula_spec_decode_num_drafts_total{labels}")
-        ),
-        4.0
-    );
-    assert_eq!(
-        metric(
-            &text,
-            &format!("specula_spec_decode_num_draft_tokens_total{labels}")
+            &format!("specula_spec_decode_num_draft_tokens_total{spec}")
         ),
         15.0
     );
     assert_eq!(
         metric(
             &text,
-            &format!("specula_spec_decode_num_accepted_tokens_total{labels}")
+            &format!("specula_spec_decode_num_accepted_tokens_total{spec}")
         ),
         7.0
     );
     assert_eq!(
         metric(
             &text,
-            &format!("specula_spec_decode_num_emitted_tokens_total{labels}")
+            &format!("specula_spec_decode_num_emitted_tokens_total{spec}")
         ),
         11.0
     );
     let pos = |i: usize| {
-        format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",position=\"{i}\"}}")
+        format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",position=\"{i}\"}}")
     };
     assert_eq!(
         [0, 1, 2, 3].map(|i| metric(&text, &pos(i))),
         [3.0, 2.0, 1.0, 1.0]
     );
     let bucket = |le: &str| {
-        format!("specula_spec_decode_accepted_drafts_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",le=\"{le}\"}}")
+        format!("specula_spec_decode_accepted_drafts_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",le=\"{le}\"}}")
     };
     assert_eq!(
         ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &bucket(le))),
         [1.0, 2.0, 3.0, 3.0, 4.0, 4.0]
     );
     let drafted = |le: &str| {
-        format!("specula_spec_decode_drafted_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",le=\"{le}\"}}")
+        format!("specula_spec_decode_drafted_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",le=\"{le}\"}}")
     };
     assert_eq!(
         ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &drafted(le))),
@@ -503,8 +517,10 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         .filter(|l| l.starts_with("specula_spec_decode"))
     {
         assert!(
-            line.contains("model=\"smol\"") && line.contains(&format!("worker=\"{WORKER}\"")),
-            "every acceptance series carries model and worker: {line}"
+            line.contains(&format!(
+                "model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\""
+            )),
+            "every acceptance series carries model, worker and proposer: {line}"
         );
     }
     assert_eq!(
@@ -557,6 +573,56 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     );
     let body = wait_health(http_port, 503, detection_bound()).await;
     assert!(body.contains("no engine-worker"), "{body}");
+    assert!(
+        !body.contains("worker="),
+        "a lost worker leaves /health: {body}"
+    );
+
+    // The worker comes back (a new process) drafting with a draft model: /health shows its
+    // proposer and the draft model's KV cache, and its acceptance series move to the new
+    // proposer (the old ones retired, never beside them) while its other series go on.
+    let restarted = FakeWorker::connect(&ingest, worker_hello(2, "draft:smol-q4", 6_291_456)).await;
+    let body = wait_health(http_port, 200, detection_bound()).await;
+    assert!(
+        body.ends_with(&format!("worker={WORKER} model=smol proposer=draft:smol-q4 num_spec_tokens=4 draft_kv_bytes=6291456\n")),
+        "{body}"
+    );
+    restarted
+        .step(&[(4, &[40], 0, 0, true, None)], &[(4, "api-a")])
+        .await;
+    restarted
+        .step(
+            &[(4, &[41, 42], 4, 1, false, Some(FinishReason::Stop))],
+            &[],
+        )
+        .await;
+    restarted.acked_through(2).await;
+    let (_, text) = http_get(http_port, "/metrics").await.unwrap();
+    let spec = format!("{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\"}}");
+    assert_eq!(
+        metric(&text, &format!("specula_spec_decode_num_steps_total{spec}")),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\",position=\"0\"}}")
+        ),
+        1.0
+    );
+    assert!(
+        !text.contains("proposer=\"ngram\""),
+        "the worker's series under its old proposer are retired:\n{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!("specula_requests_finished_stop_total{labels}")
+        ),
+        2.0,
+        "series without a proposer go on across the restart"
+    );
+    promtool_check(&text);
 
     // SIGTERM: exits 0 within the bound.
     let pid = guard.0.id().to_string();

@@ -268,6 +268,7 @@ async fn run_worker(
                                     heartbeat_interval_ms: INTERVAL.as_millis() as u32,
                                                         max_model_len: 2048,
                                                         kv_capacity_tokens: 32_768,
+                                                        draft_kv_bytes: 0,
         });
                                 let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
                                 api = Some(identity);

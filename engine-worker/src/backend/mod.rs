@@ -98,6 +98,29 @@ pub trait Backend: Send {
     ) -> Result<Vec<Verdict>, EngineError> {
         forward_then_verify_on_host(self, seqs, choices)
     }
+
+    /// Early exit, for self-speculation (LayerSkip, Elhoushi et al. 2024; Draft & Verify,
+    /// Zhang et al. 2023): a forward like [`Backend::forward`] through only the first `layers`
+    /// decoder layers, then the final norm and the LM head. It writes those layers' keys and
+    /// values at the chunk's positions, which a full forward of the same tokens at the same
+    /// positions writes again, identically, before it reads them: drafting this way needs no
+    /// cache of its own and leaves the target's exactly as verification expects it.
+    fn forward_first_layers(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let _ = (seqs, layers);
+        Err(EngineError::BackendUnavailable {
+            backend: self.config().name.clone(),
+            reason: "this backend cannot run a forward through its first layers only".into(),
+        })
+    }
+
+    /// Bytes the KV cache takes (0 where unknown).
+    fn kv_cache_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Lets the step driver hold whichever backend `--device` chose.
@@ -123,6 +146,16 @@ impl Backend for Box<dyn Backend> {
         choices: &[TokenChoice<'_>],
     ) -> Result<Vec<Verdict>, EngineError> {
         (**self).forward_and_verify(seqs, choices)
+    }
+    fn forward_first_layers(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        (**self).forward_first_layers(seqs, layers)
+    }
+    fn kv_cache_bytes(&self) -> u64 {
+        (**self).kv_cache_bytes()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Measures verify forwards of growing sizes at start, so the drafting policy knows this
 //! device's cost curve (`StepCost`) before the first request; every verify forward refines it
-//! from then on.
+//! from then on. A model drafter's forwards are measured the same way, by the sequences they
+//! carry.
 
 use std::time::Instant;
 
@@ -9,6 +10,7 @@ use proto::api_worker::SamplingParams;
 use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
 use crate::spec::cost::step_probe_sizes;
+use crate::EngineError;
 
 /// Sweeps over the sizes; per size the fastest run counts (a disturbed run is slower, never
 /// faster). Whole sweeps, not runs of one size in a row, so that a burst of other work at start
@@ -52,24 +54,66 @@ pub fn calibrate<B: Backend>(
     max_drafts: usize,
     max_step_tokens: usize,
 ) -> Vec<(usize, f64)> {
-    let verify = max_drafts + 1;
-    let tokens = vec![0u32; verify];
-    let sizes: Vec<usize> = sizes(max_step_tokens, backend.token_group());
-    let context = if alloc.blocks_for(CONTEXT + verify) * sizes[sizes.len() - 1].div_ceil(verify)
-        <= alloc.num_free()
-    {
-        CONTEXT
-    } else {
-        0
+    let sizes = sizes(max_step_tokens, backend.token_group());
+    let shape = Shape {
+        per_seq: max_drafts + 1,
+        logits: LogitsFor::All,
     };
+    measure(alloc, &sizes, shape, |forwards| {
+        let choices = vec![GREEDY_CHOICE; forwards.len()];
+        // Timed as the steps are (see `Engine::run_forwards`): forward and verification.
+        backend.forward_and_verify(forwards, &choices).map(drop)
+    })
+}
+
+/// `(sequences, seconds)` of draft forwards (one token per sequence after a context, its logits
+/// row), for 1, 2, 4, … up to `max_seqs` sequences, each run by `run`.
+pub fn calibrate_draft(
+    alloc: &mut BlockAllocator,
+    max_seqs: usize,
+    group: usize,
+    run: impl FnMut(&[SeqForward<'_>]) -> Result<(), EngineError>,
+) -> Vec<(usize, f64)> {
+    let shape = Shape {
+        per_seq: 1,
+        logits: LogitsFor::Last,
+    };
+    measure(alloc, &sizes(max_seqs, group), shape, run)
+}
+
+/// The sequences of a measured forward.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Tokens each sequence carries.
+    per_seq: usize,
+    logits: LogitsFor,
+}
+
+/// Times `run` on forwards of each of `sizes` tokens (fastest of [`SWEEPS`]), in sequences of
+/// `shape` after [`CONTEXT`] cached positions where the cache has room for them.
+fn measure(
+    alloc: &mut BlockAllocator,
+    sizes: &[usize],
+    shape: Shape,
+    mut run: impl FnMut(&[SeqForward<'_>]) -> Result<(), EngineError>,
+) -> Vec<(usize, f64)> {
+    let per_seq = shape.per_seq;
+    let tokens = vec![0u32; per_seq];
+    let largest = sizes.last().copied().unwrap_or(1);
+    let context =
+        if alloc.blocks_for(CONTEXT + per_seq) * largest.div_ceil(per_seq) <= alloc.num_free() {
+            CONTEXT
+        } else {
+            0
+        };
     let mut tables: Vec<BlockTable> = Vec::new();
     // Sizes whose sequences all got cache blocks, smallest first.
     let mut fitting = 0;
-    for &total in &sizes {
-        let seqs = total.div_ceil(verify);
+    for &total in sizes {
+        let seqs = total.div_ceil(per_seq);
         while tables.len() < seqs {
             let mut table = BlockTable::default();
-            if !table.reserve(alloc, context + verify) {
+            if !table.reserve(alloc, context + per_seq) {
                 break;
             }
             tables.push(table);
@@ -82,18 +126,16 @@ pub fn calibrate<B: Backend>(
     let mut fastest = vec![f64::INFINITY; fitting];
     'sweeps: for _ in 0..SWEEPS {
         for (i, &total) in sizes[..fitting].iter().enumerate() {
-            let forwards: Vec<SeqForward<'_>> = (0..total.div_ceil(verify))
+            let forwards: Vec<SeqForward<'_>> = (0..total.div_ceil(per_seq))
                 .map(|s| SeqForward {
-                    tokens: &tokens[..verify.min(total - s * verify)],
+                    tokens: &tokens[..per_seq.min(total - s * per_seq)],
                     start_pos: context,
                     block_table: tables[s].blocks(),
-                    logits: LogitsFor::All,
+                    logits: shape.logits,
                 })
                 .collect();
-            let choices = vec![GREEDY_CHOICE; forwards.len()];
             let started = Instant::now();
-            // Timed as the steps are (see `Engine::run_forwards`): forward and verification.
-            if backend.forward_and_verify(&forwards, &choices).is_err() {
+            if run(&forwards).is_err() {
                 fastest.truncate(i);
                 break 'sweeps;
             }
@@ -103,7 +145,7 @@ pub fn calibrate<B: Backend>(
     for mut table in tables {
         table.release_all(alloc);
     }
-    sizes.into_iter().zip(fastest).collect()
+    sizes.iter().copied().zip(fastest).collect()
 }
 
 #[cfg(test)]

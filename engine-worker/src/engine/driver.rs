@@ -4,7 +4,7 @@ use proto::api_worker::{AddRequest, RejectReason};
 use proto::worker_tp::ResyncRequest;
 use proto::{FinishReason, RequestId};
 
-use super::calibrate::calibrate;
+use super::calibrate::{calibrate, calibrate_draft};
 use super::config::{validate_request, EngineConfig, ProposerKind};
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
@@ -13,14 +13,18 @@ use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
-    DraftCandidate, DraftPlanner, NgramProposer, Proposer, RequestAcceptance, StepCost,
-    SuffixProposer, Verdict,
+    DraftCandidate, DraftJob, DraftPlanner, DraftSource, ModelDrafter, NgramProposer, Proposer,
+    RequestAcceptance, StepCost, SuffixProposer, Verdict,
 };
 use vocab::TokenBytes;
 
 /// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
 /// along its last segment beyond it.
 const CALIBRATION_MAX_TOKENS: usize = 64;
+
+/// The match strength a model drafter's drafts are planned and learned under: the acceptance
+/// table then holds its acceptance by draft position alone.
+const MODEL_DRAFT_STRENGTH: usize = 1;
 
 /// One running sequence's outcome of a step: the verifier's verdict, and how strong the
 /// proposer's match its drafts came from was.
@@ -33,6 +37,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     scheduler: Scheduler,
     proposer: Option<Box<dyn Proposer>>,
+    /// A draft model or the target's first layers, instead of `proposer`.
+    drafter: Option<ModelDrafter>,
     /// How many proposed drafts each sequence verifies, and what it learned so far.
     planner: DraftPlanner,
     cfg: EngineConfig,
@@ -48,7 +54,19 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     /// `cfg.max_model_len` is clamped to what the model and the cache can hold, and the token
     /// budget raised to fit one verify step of every running sequence.
-    pub fn new(mut backend: B, mut cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
+    pub fn new(backend: B, cfg: EngineConfig, vocab: Option<TokenBytes>) -> Self {
+        Self::with_drafter(backend, cfg, vocab, None)
+            .expect("an engine without a model drafter always builds")
+    }
+
+    /// [`Engine::new`] with a model drafter in place of the configured proposer (when K > 0):
+    /// refused if the draft does not fit the target (vocabulary size, cache layout, layers).
+    pub fn with_drafter(
+        mut backend: B,
+        mut cfg: EngineConfig,
+        vocab: Option<TokenBytes>,
+        draft: Option<DraftSource>,
+    ) -> Result<Self, crate::EngineError> {
         let mut alloc = BlockAllocator::new(backend.num_blocks(), backend.block_size());
         let calibration = if cfg.num_spec_tokens > 0 {
             let verify_tokens = cfg.max_num_seqs * (cfg.num_spec_tokens + 1);
@@ -82,6 +100,15 @@ impl<B: Backend> Engine<B> {
         cfg.max_num_batched_tokens = cfg
             .max_num_batched_tokens
             .max(cfg.max_num_seqs * (cfg.num_spec_tokens + 1));
+        let drafter = match draft.filter(|_| cfg.num_spec_tokens > 0) {
+            Some(source) => Some(build_drafter(
+                source,
+                &mut backend,
+                &mut alloc,
+                cfg.max_num_seqs,
+            )?),
+            None => None,
+        };
         let scheduler = Scheduler::new(
             SchedulerConfig {
                 max_num_seqs: cfg.max_num_seqs,
@@ -92,19 +119,20 @@ impl<B: Backend> Engine<B> {
             },
             alloc,
         );
-        let proposer = (cfg.num_spec_tokens > 0).then(|| build_proposer(&cfg));
+        let proposer = (cfg.num_spec_tokens > 0 && drafter.is_none()).then(|| build_proposer(&cfg));
         let eos_token_ids = backend.config().eos_token_ids.clone();
-        Self {
+        Ok(Self {
             backend,
             scheduler,
             proposer,
+            drafter,
             planner,
             cfg,
             vocab,
             eos_token_ids,
             pending: Vec::new(),
             retained: Retained::new(RetainBounds::default()),
-        }
+        })
     }
 
     /// Sets how much of its finished, unacknowledged output the engine keeps (drops what it
@@ -161,8 +189,25 @@ impl<B: Backend> Engine<B> {
         &self.planner
     }
 
+    /// `ngram`, `suffix`, `draft:<model>`, `layers:<N>`, or `none` without speculation.
     pub fn proposer_name(&self) -> &str {
-        self.proposer.as_ref().map_or("none", |p| p.name())
+        match (&self.drafter, &self.proposer) {
+            (Some(d), _) => d.name(),
+            (None, Some(p)) => p.name(),
+            (None, None) => "none",
+        }
+    }
+
+    /// The model drafter, if one drafts.
+    pub fn drafter(&self) -> Option<&ModelDrafter> {
+        self.drafter.as_ref()
+    }
+
+    /// Bytes of the drafter's own KV cache (0 without one, or for early exit).
+    pub fn draft_kv_bytes(&self) -> u64 {
+        self.drafter
+            .as_ref()
+            .map_or(0, ModelDrafter::kv_cache_bytes)
     }
 
     /// Stop strings can be checked (the model came with a vocabulary).
@@ -270,9 +315,7 @@ impl<B: Backend> Engine<B> {
         let Some(mut seq) = self.scheduler.remove(id) else {
             return false;
         };
-        if let Some(p) = &mut self.proposer {
-            p.forget(id);
-        }
+        self.forget_drafts(id);
         let row = RowOut {
             id,
             kind: RowKind::Abort,
@@ -318,6 +361,9 @@ impl<B: Backend> Engine<B> {
         let mut rows: Vec<RowOut> = self.drain_pending();
         let plan = self.scheduler.schedule();
         for id in plan.preempted {
+            if let Some(d) = &mut self.drafter {
+                d.preempted(id);
+            }
             rows.push(RowOut {
                 id,
                 kind: RowKind::Preempted,
@@ -349,7 +395,15 @@ impl<B: Backend> Engine<B> {
 
     /// Proposes and plans each sequence's drafts: the tokens it verifies and the strength of
     /// the match they come from.
-    fn plan_drafts(&mut self) -> Vec<(Vec<u32>, usize)> {
+    fn plan_drafts(&mut self) -> Result<Vec<(Vec<u32>, usize)>, crate::EngineError> {
+        if self.drafter.is_some() {
+            return self.plan_model_drafts();
+        }
+        Ok(self.plan_lookup_drafts())
+    }
+
+    /// Lookups are free: propose up to K, then keep what pays.
+    fn plan_lookup_drafts(&mut self) -> Vec<(Vec<u32>, usize)> {
         let running = self.scheduler.running();
         let mut proposals: Vec<(Vec<u32>, usize)> = running
             .iter()
@@ -383,21 +437,82 @@ impl<B: Backend> Engine<B> {
                 acceptance: &s.acceptance,
             })
             .collect();
-        let lengths = self.planner.plan(&candidates, verify_rows);
+        let lengths = self.planner.plan(&candidates, verify_rows, None);
         for ((drafts, _), length) in proposals.iter_mut().zip(lengths) {
             drafts.truncate(length);
         }
         proposals
     }
 
+    /// Drafting by model costs forwards: plan each sequence's draft length first (verify and
+    /// draft forwards priced), then draft exactly that, all sequences together.
+    fn plan_model_drafts(&mut self) -> Result<Vec<(Vec<u32>, usize)>, crate::EngineError> {
+        let running = self.scheduler.running();
+        let drafter = self.drafter.as_mut().expect("checked by plan_drafts");
+        let drafting = |s: &Sequence| s.phase() != SequencePhase::Prefill;
+        let verify_rows = running.iter().filter(|s| drafting(s)).count();
+        let candidates: Vec<DraftCandidate<'_>> = running
+            .iter()
+            .map(|s| DraftCandidate {
+                proposed: if drafting(s) {
+                    self.scheduler.max_drafts(s)
+                } else {
+                    0
+                },
+                strength: MODEL_DRAFT_STRENGTH,
+                acceptance: &s.acceptance,
+            })
+            .collect();
+        let lengths = self
+            .planner
+            .plan(&candidates, verify_rows, Some(drafter.cost()));
+        let (rows, jobs): (Vec<usize>, Vec<DraftJob<'_>>) = running
+            .iter()
+            .zip(&lengths)
+            .enumerate()
+            .filter(|(_, (_, &length))| length > 0)
+            .map(|(row, (s, &drafts))| {
+                let job = DraftJob {
+                    seq: s.id,
+                    tokens: &s.tokens,
+                    block_table: s.blocks.blocks(),
+                    drafts,
+                    sampling: &s.sampling,
+                    seed: s.seed,
+                    first_position: s.num_generated(),
+                };
+                (row, job)
+            })
+            .unzip();
+        let mut proposals = vec![(Vec::new(), MODEL_DRAFT_STRENGTH); running.len()];
+        for (row, drafts) in rows
+            .into_iter()
+            .zip(drafter.draft(&mut self.backend, &jobs)?)
+        {
+            proposals[row].0 = drafts;
+        }
+        Ok(proposals)
+    }
+
+    /// Sequence `id` is gone: its proposer or drafter state goes too.
+    fn forget_drafts(&mut self, id: RequestId) {
+        if let Some(p) = &mut self.proposer {
+            p.forget(id);
+        }
+        if let Some(d) = &mut self.drafter {
+            d.forget(id);
+        }
+    }
+
     /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
     /// running sequence its verdict.
     fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
+        // Before drafting: early exit reads the target's cache of every position but the last.
+        recompute_resumed(&mut self.backend, self.scheduler.running())?;
         let planning = std::time::Instant::now();
-        let planned = self.plan_drafts();
+        let planned = self.plan_drafts()?;
         let plan_us = planning.elapsed().as_micros() as u64;
         let running = self.scheduler.running();
-        recompute_resumed(&mut self.backend, running)?;
         let chunks = verify_chunks(running, &planned);
         let forwards = step_forwards(running, &chunks);
         let choices: Vec<TokenChoice<'_>> = running
@@ -464,8 +579,19 @@ impl<B: Backend> Engine<B> {
                 RowKind::Prefill
             };
             // The cache now holds every position up to the last accepted draft.
-            let cached_after = seq.len() + accepted;
+            let len_before = seq.len();
+            let cached_after = len_before + accepted;
             let (appended, finish) = rules.append(seq, &tokens);
+            if let Some(d) = &mut self.drafter {
+                d.verified(
+                    seq.id,
+                    &seq.tokens,
+                    seq.blocks.blocks(),
+                    len_before,
+                    drafted,
+                    accepted,
+                );
+            }
             seq.num_computed = if kind == RowKind::Prefill {
                 seq.prompt_len
             } else {
@@ -500,6 +626,9 @@ impl<B: Backend> Engine<B> {
             if let Some(seq) = self.scheduler.remove(id) {
                 if let Some(p) = &mut self.proposer {
                     p.finished(id, seq.output());
+                }
+                if let Some(d) = &mut self.drafter {
+                    d.forget(id);
                 }
                 self.retained.keep(resync_of(&seq, Some(finish)), now);
             }
@@ -564,6 +693,31 @@ fn step_forwards<'a>(running: &'a [Sequence], chunks: &'a [Vec<u32>]) -> Vec<Seq
             },
         })
         .collect()
+}
+
+/// A model drafter over `source`, its forward's cost measured on cache blocks of `alloc`.
+fn build_drafter<B: Backend>(
+    source: DraftSource,
+    backend: &mut B,
+    alloc: &mut BlockAllocator,
+    max_num_seqs: usize,
+) -> Result<ModelDrafter, crate::EngineError> {
+    let mut drafter = ModelDrafter::new(source, backend, StepCost::from_calibration(&[], 1))?;
+    let group = drafter.token_group(backend);
+    let points = calibrate_draft(alloc, max_num_seqs, group, |forwards| {
+        drafter.run_forward(backend, forwards).map(drop)
+    });
+    let cost = StepCost::from_calibration(&points, group);
+    tracing::info!(
+        drafter = drafter.name(),
+        one_seq_ms = cost.seconds(1.0) * 1e3,
+        eight_seqs_ms = cost.seconds(8.0) * 1e3,
+        draft_kv_bytes = drafter.kv_cache_bytes(),
+        points = ?points,
+        "draft forward cost calibrated"
+    );
+    drafter.set_cost(cost);
+    Ok(drafter)
 }
 
 /// The proposer `cfg` asks for.

@@ -17,6 +17,8 @@ pub struct WorkerStatus {
     /// 0 until the model is loaded.
     max_model_len: AtomicU32,
     kv_capacity_tokens: AtomicU32,
+    /// Bytes of the draft model's own KV cache; 0 when the proposer keeps none.
+    draft_kv_bytes: AtomicU64,
     ready: AtomicBool,
     draining: AtomicBool,
     next_seq: AtomicU64,
@@ -53,6 +55,7 @@ impl WorkerStatus {
             model: RwLock::new(model),
             max_model_len: AtomicU32::new(0),
             kv_capacity_tokens: AtomicU32::new(0),
+            draft_kv_bytes: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
@@ -84,6 +87,12 @@ impl WorkerStatus {
         self.last_turn_ns
             .store(self.started.elapsed().as_nanos() as u64, Ordering::SeqCst);
         self.ready.store(true, Ordering::SeqCst);
+    }
+
+    /// The draft model's KV cache is allocated: hellos state its size from now on (set it before
+    /// [`Self::set_ready`], so the ready hello carries it).
+    pub fn set_draft_kv_bytes(&self, bytes: u64) {
+        self.draft_kv_bytes.store(bytes, Ordering::SeqCst);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -156,6 +165,7 @@ impl WorkerStatus {
             heartbeat_interval_ms: self.heartbeat_interval_ms,
             max_model_len: self.max_model_len.load(Ordering::SeqCst),
             kv_capacity_tokens: self.kv_capacity_tokens.load(Ordering::SeqCst),
+            draft_kv_bytes: self.draft_kv_bytes.load(Ordering::SeqCst),
         }
     }
 

@@ -1,11 +1,14 @@
-//! Speculative decoding: a [`Proposer`] (n-gram prompt lookup or suffix trees) drafts up to K
-//! tokens per sequence and step; the [`DraftPlanner`] decides how many of them each sequence
-//! verifies (by expected gain, or all of them); the [`verifier`] checks them against the target
-//! model's logits rows from one forward and accepts the longest valid prefix plus one token of
-//! the target's own.
+//! Speculative decoding: a [`Proposer`] (n-gram prompt lookup or suffix trees) or a
+//! [`ModelDrafter`] (a draft model, or the target's first layers) drafts up to K tokens per
+//! sequence and step; the [`DraftPlanner`] decides how many of them each sequence verifies (by
+//! expected gain, or all of them; a model drafter drafts only those); the [`verifier`] checks
+//! them against the target model's logits rows from one forward and accepts the longest valid
+//! prefix plus one token of the target's own.
 
 pub mod acceptance;
 pub mod cost;
+mod draft_kv;
+mod draft_model;
 mod ngram;
 mod planner;
 pub mod policy;
@@ -17,6 +20,8 @@ pub mod verifier;
 
 pub use acceptance::RequestAcceptance;
 pub use cost::StepCost;
+pub use draft_kv::DraftKv;
+pub use draft_model::{DraftJob, DraftSource, ModelDrafter};
 pub use ngram::NgramProposer;
 pub use planner::DraftPlanner;
 pub use policy::{DraftCandidate, SpecPolicy};

@@ -32,14 +32,21 @@ impl DraftPlanner {
         &self.cost
     }
 
-    /// How many proposed tokens each candidate verifies this step.
-    pub fn plan(&self, candidates: &[DraftCandidate<'_>], verify_rows: usize) -> Vec<usize> {
+    /// How many proposed tokens each candidate verifies this step; with a model drafter whose
+    /// forwards cost `draft`, how many it drafts (and verifies).
+    pub fn plan(
+        &self,
+        candidates: &[DraftCandidate<'_>],
+        verify_rows: usize,
+        draft: Option<&StepCost>,
+    ) -> Vec<usize> {
         plan_draft_lengths(
             self.policy,
             candidates,
             verify_rows,
             &self.table,
             &self.cost,
+            draft,
         )
     }
 

@@ -75,13 +75,17 @@ impl Ord for Next {
 
 /// Draft lengths for `candidates` (one per row of the step; prompt rows propose nothing): how
 /// many of its proposed tokens each verifies. The step is planned as `verify_rows` rows of one
-/// token each before any draft (each yields a token).
+/// token each before any draft (each yields a token). With a model drafter, `draft` is what one
+/// of its forwards costs by the sequences in it: the `i`-th draft token of a sequence puts it into
+/// the forward of draft position `i`, so the step also pays one draft forward per position
+/// anyone drafts at (a lookup drafts for free: `None`).
 pub fn plan_draft_lengths(
     policy: SpecPolicy,
     candidates: &[DraftCandidate<'_>],
     verify_rows: usize,
     table: &AcceptanceTable,
     cost: &StepCost,
+    draft: Option<&StepCost>,
 ) -> Vec<usize> {
     if policy == SpecPolicy::Fixed {
         return candidates.iter().map(|c| c.proposed).collect();
@@ -106,13 +110,15 @@ pub fn plan_draft_lengths(
     let mut order = Vec::new();
     let mut best_len = 0;
     let mut offered = vec![0; candidates.len()];
+    let mut drafting = DraftForwards::new(draft);
     while let Some(next) = heap.pop() {
         gain += next.chance;
         tokens += 1;
         let i = next.index;
         order.push(i);
+        drafting.add(offered[i]);
         offered[i] += 1;
-        let goodput = gain / cost.seconds(tokens as f64);
+        let goodput = gain / (cost.seconds(tokens as f64) + drafting.seconds);
         if goodput > best_goodput {
             best_goodput = goodput;
             best_len = order.len();
@@ -128,6 +134,41 @@ pub fn plan_draft_lengths(
         lengths[i] += 1;
     }
     lengths
+}
+
+/// The draft forwards a plan needs so far: sequences per draft position, and their seconds.
+struct DraftForwards<'a> {
+    cost: Option<&'a StepCost>,
+    rows: Vec<usize>,
+    seconds: f64,
+}
+
+impl<'a> DraftForwards<'a> {
+    fn new(cost: Option<&'a StepCost>) -> Self {
+        Self {
+            cost,
+            rows: Vec::new(),
+            seconds: 0.0,
+        }
+    }
+
+    /// One more sequence drafts at `position`.
+    fn add(&mut self, position: usize) {
+        let Some(cost) = self.cost else {
+            return;
+        };
+        if self.rows.len() <= position {
+            self.rows.resize(position + 1, 0);
+        }
+        let before = self.rows[position];
+        let was = if before == 0 {
+            0.0
+        } else {
+            cost.seconds(before as f64)
+        };
+        self.rows[position] += 1;
+        self.seconds += cost.seconds(self.rows[position] as f64) - was;
+    }
 }
 
 #[cfg(test)]
@@ -163,7 +204,7 @@ mod tests {
                 acceptance: &fresh,
             })
             .collect();
-        plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, table, &cpu())
+        plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, table, &cpu(), None)
     }
 
     #[test]
@@ -175,7 +216,7 @@ mod tests {
             strength: 1,
             acceptance: &fresh,
         });
-        let lengths = plan_draft_lengths(SpecPolicy::Fixed, &candidates, 3, &table, &cpu());
+        let lengths = plan_draft_lengths(SpecPolicy::Fixed, &candidates, 3, &table, &cpu(), None);
         assert_eq!(lengths, vec![3, 0, 4]);
     }
 
@@ -228,7 +269,7 @@ mod tests {
                     acceptance: &fresh,
                 })
                 .collect();
-            plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, &table, &cost)
+            plan_draft_lengths(SpecPolicy::Goodput, &candidates, n, &table, &cost, None)
         };
         // One near-certain draft beside 8 rows: (8 + 0.98) / 27 ms < 8 / 17 ms.
         assert_eq!(one_each(8, 1), vec![0; 8]);

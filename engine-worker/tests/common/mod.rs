@@ -27,6 +27,10 @@ pub struct ToyBackend {
     /// Logit scale: larger is peakier.
     pub sharpness: f32,
     pub forwards: usize,
+    /// A draft's distance from the toy model: its logits blend this much of another toy model
+    /// (keyed by `noise_salt`) into the toy's own. 0: the toy model itself.
+    pub noise: f32,
+    pub noise_salt: u64,
 }
 
 fn mix(a: u64, b: u64) -> u64 {
@@ -39,7 +43,21 @@ fn mix(a: u64, b: u64) -> u64 {
 
 /// The toy model's logits after `prev, cur`.
 pub fn toy_logits(vocab: usize, sharpness: f32, prev: Option<u32>, cur: u32) -> Vec<f32> {
-    let ctx = mix(u64::from(prev.map_or(u32::MAX, |p| p)), u64::from(cur) + 1);
+    toy_logits_salted(vocab, sharpness, prev, cur, 0)
+}
+
+/// Another toy model's logits (`salt` 0: the toy model).
+pub fn toy_logits_salted(
+    vocab: usize,
+    sharpness: f32,
+    prev: Option<u32>,
+    cur: u32,
+    salt: u64,
+) -> Vec<f32> {
+    let ctx = mix(
+        mix(u64::from(prev.map_or(u32::MAX, |p| p)), u64::from(cur) + 1),
+        salt,
+    );
     (0..vocab)
         .map(|v| {
             let h = mix(ctx, v as u64 + 17);
@@ -55,6 +73,8 @@ impl ToyBackend {
         config.vocab_size = vocab;
         config.eos_token_ids = eos;
         config.max_position_embeddings = 1 << 20;
+        // Room for early exits (the toy has no weights; layers only name exits).
+        config.num_layers = 8;
         Self {
             config,
             block_size,
@@ -62,7 +82,24 @@ impl ToyBackend {
             slots: vec![None; num_blocks * block_size],
             sharpness: 8.0,
             forwards: 0,
+            noise: 0.0,
+            noise_salt: 0,
         }
+    }
+
+    /// A draft model for this toy: the same vocabulary and cache layout, logits `noise` away.
+    pub fn draft(&self, noise: f32, noise_salt: u64) -> Self {
+        let mut draft = Self::new(
+            self.config.vocab_size,
+            self.config.eos_token_ids.clone(),
+            self.num_blocks,
+            self.block_size,
+        );
+        draft.config.name = format!("toy-draft-{noise}");
+        draft.sharpness = self.sharpness;
+        draft.noise = noise;
+        draft.noise_salt = noise_salt;
+        draft
     }
 
     fn slot(&self, table: &[u32], pos: usize) -> Result<usize, EngineError> {
@@ -82,8 +119,15 @@ impl ToyBackend {
             .ok_or_else(|| EngineError::InvalidBatch(format!("position {pos} never written")))
     }
 
-    /// Checks the chain up to `pos` and returns the logits after it.
-    fn logits_at(&self, table: &[u32], pos: usize) -> Result<Vec<f32>, EngineError> {
+    /// Checks the chain up to `pos` and returns the logits after it, `noise` of them from the
+    /// toy model keyed by `salt`.
+    fn logits_at(
+        &self,
+        table: &[u32],
+        pos: usize,
+        noise: f32,
+        salt: u64,
+    ) -> Result<Vec<f32>, EngineError> {
         let mut chain = 0u64;
         let mut prev = None;
         let mut cur = 0;
@@ -98,26 +142,25 @@ impl ToyBackend {
             prev = (p > 0).then_some(cur);
             cur = token;
         }
-        Ok(toy_logits(
-            self.config.vocab_size,
-            self.sharpness,
-            prev,
-            cur,
-        ))
+        let own = toy_logits(self.config.vocab_size, self.sharpness, prev, cur);
+        if noise == 0.0 {
+            return Ok(own);
+        }
+        let other = toy_logits_salted(self.config.vocab_size, self.sharpness, prev, cur, salt);
+        Ok(own
+            .iter()
+            .zip(other)
+            .map(|(a, b)| (1.0 - noise) * a + noise * b)
+            .collect())
     }
-}
 
-impl Backend for ToyBackend {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-    fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-    fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
+    /// Writes the chunks' slots and returns their logits rows, `noise` away from the toy's.
+    fn run(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        noise: f32,
+        salt: u64,
+    ) -> Result<Vec<f32>, EngineError> {
         self.forwards += 1;
         let mut out = Vec::new();
         for s in seqs {
@@ -140,10 +183,38 @@ impl Backend for ToyBackend {
                 LogitsFor::All => s.start_pos..end,
             };
             for pos in rows {
-                out.extend(self.logits_at(s.block_table, pos)?);
+                out.extend(self.logits_at(s.block_table, pos, noise, salt)?);
             }
         }
         Ok(out)
+    }
+}
+
+impl Backend for ToyBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+    fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
+        self.run(seqs, self.noise, self.noise_salt)
+    }
+    /// Early exit: the shallower the exit, the farther from the toy's own logits.
+    fn forward_first_layers(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        if layers == 0 || layers >= self.config.num_layers {
+            return Err(EngineError::InvalidBatch(format!(
+                "no early exit at {layers}"
+            )));
+        }
+        self.run(seqs, 1.0 / (1.0 + layers as f32), 1000 + layers as u64)
     }
 }
 

@@ -17,6 +17,7 @@ pub fn worker_hello() -> WorkerHello {
         heartbeat_interval_ms: 500,
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
+        draft_kv_bytes: 6_291_456,
     }
 }
 

@@ -12,14 +12,14 @@ mod tests;
 pub use state::{Ingest, IngestConfig, IngestStats, WorkerEntry, MAX_SPEC_TOKENS};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use link::auth::{Gate, Verdict};
 use link::service::Watchdog;
 use link::{Liveness, Sweep, Sweeper};
-use proto::worker_tp::{TpToWorker, WorkerToTp};
+use proto::worker_tp::{TpToWorker, WorkerHello, WorkerToTp};
 use tokio::sync::{mpsc, watch};
 use zeromq::{RouterSendHalf, RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -38,6 +38,10 @@ pub struct IngestHealth {
     /// Monotonic ns (since `origin`) of the loop's last turn.
     last_turn_ns: AtomicU64,
     live_workers: AtomicUsize,
+    /// The live workers' latest hellos (what `/health` shows of each), copied only when
+    /// [`Ingest::roster_version`] moved past `roster_version` (only the ingest loop writes).
+    roster_version: AtomicU64,
+    hellos: Mutex<Vec<WorkerHello>>,
 }
 
 impl IngestHealth {
@@ -46,13 +50,29 @@ impl IngestHealth {
             origin,
             last_turn_ns: AtomicU64::new(0),
             live_workers: AtomicUsize::new(0),
+            roster_version: AtomicU64::new(0),
+            hellos: Mutex::new(Vec::new()),
         }
     }
 
-    fn beat(&self, live_workers: usize) {
+    fn beat(&self, ingest: &Ingest) {
         self.last_turn_ns
             .store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.live_workers.store(live_workers, Ordering::Relaxed);
+        self.live_workers
+            .store(ingest.live_workers(), Ordering::Relaxed);
+        let version = ingest.roster_version();
+        if self.roster_version.load(Ordering::Relaxed) != version {
+            *self.hellos.lock().unwrap_or_else(|e| e.into_inner()) = ingest.live_worker_hellos();
+            self.roster_version.store(version, Ordering::Relaxed);
+        }
+    }
+
+    /// The live workers' latest hellos, by id.
+    pub fn workers(&self) -> Vec<WorkerHello> {
+        self.hellos
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Ok(live workers) while the loop turned recently and some worker is alive; else why not.
@@ -117,7 +137,7 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The sweep runs every TICK; a sweep much later than that means this process was paused.
     let mut sweeper = Sweeper::new(Liveness::new(TICK));
-    health.beat(0);
+    health.beat(&ingest);
     loop {
         tokio::select! {
             biased;
@@ -168,7 +188,7 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
                 }
             }
         }
-        health.beat(ingest.live_workers());
+        health.beat(&ingest);
         publish_live_workers(&ingest, &live_workers);
         let dropped = hand_off(&mut out, &forward, MAX_HELD_OUTPUTS);
         if dropped > 0 {

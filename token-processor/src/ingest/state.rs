@@ -3,8 +3,9 @@
 //! in as [`Clock`]), so every rule here is unit-tested directly.
 //!
 //! Rules:
-//! - A worker is known from its hello (id, epoch, K). Anything from a worker not yet known is
-//!   dropped and counted until its hello arrives; state is never invented.
+//! - A worker is known from its hello (id, epoch, K, proposer). Anything from a worker not yet
+//!   known is dropped and counted until its hello arrives; state is never invented. A hello
+//!   whose proposer cannot be a metric label (`proto::worker_tp::check_proposer`) is refused.
 //! - Per (worker, epoch) batches carry `seq` 0, 1, 2, ... A jump is a gap: counted, and every
 //!   request in flight on that worker fails with `StepGap` (its figures would be wrong). A
 //!   heartbeat's `next_seq` beyond ours is a gap too (the last batch was lost).
@@ -15,8 +16,9 @@
 //!   resync of a worker we take is acknowledged with the `next_seq` we expect (every batch
 //!   below it was taken); anything from a (worker, epoch) we do not take — never said hello,
 //!   declared dead, or we restarted — is answered with `AskHello` (`link::liveness` rule 2), and
-//!   the worker's hello and resync rebuild its requests. A hello of a known epoch is idempotent;
-//!   a refused hello is answered with the reason.
+//!   the worker's hello and resync rebuild its requests. A hello of a known epoch keeps the
+//!   worker's state and takes what a loading worker learns (ready, draft KV bytes, proposer); a
+//!   refused hello is answered with the reason.
 //! - When the token-processor itself was paused, [`Ingest::forgive`] restarts every worker's
 //!   clock instead of [`Ingest::tick`] declaring them all dead.
 //! - Every batch is validated against the worker's K first; an invalid one is counted, dropped,
@@ -28,7 +30,9 @@ use std::time::{Duration, Instant};
 use link::Liveness;
 
 use proto::tp_api::OutputErrorKind;
-use proto::worker_tp::{Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp};
+use proto::worker_tp::{
+    check_proposer, Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp,
+};
 use proto::{RequestId, SpeculateMetrics};
 
 use crate::metrics::{self, WorkerMetrics};
@@ -91,6 +95,24 @@ impl WorkerEntry {
         self.tracker
             .fail_all(kind, message, now, out, &mut self.obs);
     }
+
+    /// A hello of this epoch again (a reconnect, or the ready hello after the model loaded):
+    /// takes what a loading worker learns. A new proposer moves the worker's acceptance series
+    /// to the new label (the old ones are retired, never left beside them).
+    fn refresh(&mut self, hello: WorkerHello) {
+        self.hello.ready = hello.ready;
+        self.hello.draft_kv_bytes = hello.draft_kv_bytes;
+        if hello.proposer != self.hello.proposer {
+            tracing::info!(worker = %hello.worker_id, old = %self.hello.proposer, new = %hello.proposer, "worker changed its proposer");
+            self.hello.proposer = hello.proposer;
+            self.metrics = WorkerMetrics::new(
+                &self.hello.model,
+                &self.hello.worker_id,
+                &self.hello.proposer,
+                self.hello.num_spec_tokens as usize,
+            );
+        }
+    }
 }
 
 /// Counts of what the ingest dropped or detected (also exported as metrics).
@@ -115,6 +137,9 @@ pub struct Ingest {
     /// counters hold). One entry per worker id ever seen, like the Prometheus series.
     totals: HashMap<String, Figures>,
     stats: IngestStats,
+    /// Changes whenever a worker is admitted, refreshed or lost: `/health` copies the live
+    /// workers' hellos only then.
+    roster_version: u64,
 }
 
 impl Ingest {
@@ -182,6 +207,18 @@ impl Ingest {
         Some(TpToWorker::AskHello)
     }
 
+    /// Changes whenever the live workers or what their hellos say may have changed.
+    pub fn roster_version(&self) -> u64 {
+        self.roster_version
+    }
+
+    /// The live workers' latest hellos, by id.
+    pub fn live_worker_hellos(&self) -> Vec<WorkerHello> {
+        let mut hellos: Vec<WorkerHello> = self.workers.values().map(|w| w.hello.clone()).collect();
+        hellos.sort_unstable_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        hellos
+    }
+
     /// Workers alive now, by id (what the api-servers may route to).
     pub fn live_worker_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.workers.keys().cloned().collect();
@@ -232,11 +269,17 @@ impl Ingest {
             );
             return refused(&mut self.stats, reason);
         }
+        if let Err(problem) = check_proposer(&hello.proposer) {
+            tracing::warn!(worker = %hello.worker_id, %problem, "refusing worker hello: its proposer cannot be a metric label");
+            let reason = format!("{problem}: the token-processor labels acceptance series with it");
+            return refused(&mut self.stats, reason);
+        }
         if let Some(entry) = self.workers.get_mut(&hello.worker_id) {
             if entry.hello.epoch == hello.epoch {
                 // A reconnect of the same process: keep its state (a resync follows).
                 entry.last_heard_ns = now.mono_ns;
-                entry.hello.ready = hello.ready;
+                entry.refresh(hello);
+                self.roster_version += 1;
                 return None;
             }
             if !entry.is_silent(now) {
@@ -263,7 +306,7 @@ impl Ingest {
             );
             return refused(&mut self.stats, reason);
         }
-        tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, "worker said hello");
+        tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, draft_kv_bytes = hello.draft_kv_bytes, "worker said hello");
         self.admit(hello, now);
         None
     }
@@ -271,7 +314,7 @@ impl Ingest {
     fn admit(&mut self, hello: WorkerHello, now: Clock) {
         let k = hello.num_spec_tokens as usize;
         let entry = WorkerEntry {
-            metrics: WorkerMetrics::new(&hello.model, &hello.worker_id, k),
+            metrics: WorkerMetrics::new(&hello.model, &hello.worker_id, &hello.proposer, k),
             tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker),
             obs: Observations::new(k),
             next_seq: None,
@@ -279,6 +322,7 @@ impl Ingest {
             hello,
         };
         self.workers.insert(entry.hello.worker_id.clone(), entry);
+        self.roster_version += 1;
         metrics::set_workers_connected(self.workers.len());
     }
 
@@ -440,6 +484,7 @@ impl Ingest {
             entry.metrics.lost.increment(1);
             entry.metrics.running.set(0.0);
             self.stats.workers_lost += 1;
+            self.roster_version += 1;
         }
         metrics::set_workers_connected(self.workers.len());
     }

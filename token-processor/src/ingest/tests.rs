@@ -5,7 +5,7 @@ use std::time::Instant;
 use proto::tp_api::{OutputErrorKind, RequestOutput};
 use proto::worker_tp::{
     Heartbeat, RequestStart, Resync, ResyncRequest, StepBatch, StepRow, TpToWorker, WorkerHello,
-    WorkerToTp,
+    WorkerToTp, MAX_PROPOSER_BYTES,
 };
 use proto::{FinishReason, RequestId};
 
@@ -33,6 +33,7 @@ fn hello(epoch: u64, k: u32) -> WorkerToTp {
         heartbeat_interval_ms: 100,
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
+        draft_kv_bytes: 0,
     })
 }
 
@@ -650,4 +651,68 @@ fn finished_requests_in_a_resync_get_their_final_again_and_count_once() {
     feed(&mut fresh, resync_of(4, vec![]), 3);
     feed(&mut fresh, resync_of(4, vec![r1.clone()]), 4);
     assert_eq!(fresh.totals(W).unwrap().steps(), 6);
+}
+
+fn hello_with(epoch: u64, proposer: &str, draft_kv_bytes: u64) -> WorkerToTp {
+    let WorkerToTp::Hello(mut h) = hello(epoch, 4) else {
+        unreachable!()
+    };
+    h.proposer = proposer.into();
+    h.draft_kv_bytes = draft_kv_bytes;
+    WorkerToTp::Hello(h)
+}
+
+#[test]
+fn a_proposer_that_cannot_be_a_metric_label_is_refused_with_the_reason() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let too_long = format!("draft:{}", "m".repeat(MAX_PROPOSER_BYTES - 5));
+    for (ms, bad) in ["", too_long.as_str(), "draft:a\nb", "ngram\u{7f}"]
+        .into_iter()
+        .enumerate()
+    {
+        let Some(TpToWorker::Refused { reason }) =
+            reply(&mut ingest, hello_with(1, bad, 0), ms as u64)
+        else {
+            panic!("proposer {bad:?} must be refused");
+        };
+        assert!(reason.contains("proposer"), "{reason}");
+    }
+    assert_eq!(ingest.live_workers(), 0);
+    assert_eq!(ingest.stats().refused_hellos, 4);
+    // The longest one that fits is taken.
+    let longest = format!("draft:{}", "m".repeat(MAX_PROPOSER_BYTES - 6));
+    assert_eq!(reply(&mut ingest, hello_with(1, &longest, 0), 9), None);
+    assert_eq!(ingest.worker(W).unwrap().hello.proposer, longest);
+}
+
+#[test]
+fn a_hello_of_the_same_epoch_takes_draft_kv_bytes_and_a_new_proposer() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let empty = ingest.roster_version();
+    // Loading: the draft model's KV cache is not allocated yet.
+    feed(&mut ingest, hello_with(1, "draft:tiny", 0), 0);
+    feed(&mut ingest, B::new(1, 0).start(1, "api-a").msg(), 1);
+    let admitted = ingest.roster_version();
+    assert_ne!(admitted, empty);
+    feed(&mut ingest, hello_with(1, "draft:tiny", 6_291_456), 2);
+    assert_ne!(ingest.roster_version(), admitted, "/health must see it");
+    let hellos = ingest.live_worker_hellos();
+    assert_eq!(hellos.len(), 1);
+    assert_eq!(
+        (hellos[0].proposer.as_str(), hellos[0].draft_kv_bytes),
+        ("draft:tiny", 6_291_456)
+    );
+    // Another proposer in the same epoch: the worker keeps its requests, under the new label.
+    feed(&mut ingest, hello_with(1, "ngram", 0), 3);
+    let entry = ingest.worker(W).unwrap();
+    assert_eq!(
+        (entry.hello.proposer.as_str(), entry.hello.draft_kv_bytes),
+        ("ngram", 0)
+    );
+    assert!(entry.tracker.contains(1));
+    // A lost worker leaves /health too.
+    let before_loss = ingest.roster_version();
+    ingest.tick(at(1_000), &mut Outbox::default());
+    assert!(ingest.live_worker_hellos().is_empty());
+    assert_ne!(ingest.roster_version(), before_loss);
 }

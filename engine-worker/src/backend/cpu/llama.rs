@@ -28,12 +28,14 @@ const ROWS_PER_TASK: usize = 8;
 /// would cost more than the work.
 const PARALLEL_MIN_TOKENS: usize = 16;
 
-/// Runs the batch (already validated) and returns `[logit rows, vocab]`.
+/// Runs the batch (already validated) through the first `layers` layers (all of them but for an
+/// early-exit draft) and returns `[logit rows, vocab]`.
 pub(crate) fn forward(
     model: &Model,
     cache: &mut KvCache,
     isa: Isa,
     seqs: &[SeqForward<'_>],
+    layers: usize,
 ) -> Vec<f32> {
     let cfg = &model.config;
     let batch = FlatBatch::new(seqs);
@@ -51,7 +53,7 @@ pub(crate) fn forward(
         batch: &batch,
         rope: &rope,
     };
-    for (l, layer) in model.weights.layers.iter().enumerate() {
+    for (l, layer) in model.weights.layers.iter().take(layers).enumerate() {
         ctx.attention_block(l, layer, cache, &mut x, &mut act);
         ctx.mlp_block(layer, &mut x, &mut act);
     }

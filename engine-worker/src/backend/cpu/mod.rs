@@ -169,11 +169,41 @@ impl Backend for CpuBackend {
             pool,
             isa,
         } = self;
-        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs)))
+        let layers = model.config.num_layers;
+        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
     }
 
     fn token_group(&self) -> usize {
         self.isa.token_group()
+    }
+
+    fn forward_first_layers(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        if layers == 0 || layers > self.model.config.num_layers {
+            return Err(EngineError::InvalidConfig(format!(
+                "early exit after {layers} layers: the model has {}",
+                self.model.config.num_layers
+            )));
+        }
+        self.validate(seqs)?;
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Self {
+            model,
+            cache,
+            pool,
+            isa,
+        } = self;
+        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
+    }
+
+    fn kv_cache_bytes(&self) -> u64 {
+        (kv_cache::KvCache::bytes_per_block(&self.model.config, self.cache.block_size)
+            * self.cache.num_blocks) as u64
     }
 }
 

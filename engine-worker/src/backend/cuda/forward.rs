@@ -154,6 +154,16 @@ impl CudaBackend {
         &mut self,
         seqs: &[SeqForward<'_>],
     ) -> Result<MetaLayout, EngineError> {
+        self.forward_layers_on_device(seqs, self.weights.layers.len())
+    }
+
+    /// [`CudaBackend::forward_on_device`] through the first `layers` layers only (early exit),
+    /// then the final norm and the LM head.
+    pub fn forward_layers_on_device(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<MetaLayout, EngineError> {
         let meta = prepare(
             seqs,
             self.config.vocab_size,
@@ -178,7 +188,7 @@ impl CudaBackend {
             block_size: self.block_size,
         };
         pass.embed(&self.weights, ws)?;
-        for (layer, lw) in self.weights.layers.iter().enumerate() {
+        for (layer, lw) in self.weights.layers.iter().take(layers).enumerate() {
             let (k_cache, v_cache) = (&mut self.k_cache[layer], &mut self.v_cache[layer]);
             pass.attention_block(lw, ws, k_cache, v_cache)?;
             pass.mlp_block(lw, ws)?;

@@ -245,6 +245,27 @@ impl Backend for CudaBackend {
         self.logits_to_host()
     }
 
+    fn forward_first_layers(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        if layers == 0 || layers > self.config.num_layers {
+            return Err(EngineError::InvalidConfig(format!(
+                "early exit after {layers} layers: the model has {}",
+                self.config.num_layers
+            )));
+        }
+        self.forward_layers_on_device(seqs, layers)?;
+        self.logits_to_host()
+    }
+
+    fn kv_cache_bytes(&self) -> u64 {
+        // Keys and values, bf16, per layer.
+        (2 * self.config.num_layers * self.num_blocks * self.block_size * self.config.kv_dim() * 2)
+            as u64
+    }
+
     /// Greedy batches choose on the device: argmax over the same logits with the same tie rule
     /// is exactly the host's choice. A batch with a sampled request is decided on the host,
     /// whose seeded draws the device's kernels do not reproduce.
