@@ -5,7 +5,9 @@
 #
 # Environment: SPECULA_API_PORT (8000), SPECULA_METRICS_PORT (9400),
 # SPECULA_NUM_SPEC_TOKENS (4), SPECULA_SPEC_POLICY (goodput), SPECULA_PROPOSER (suffix),
-# SPECULA_PREFIX_CACHING (true),
+# SPECULA_PREFIX_CACHING (true), SPECULA_DRAFT_MODEL (a draft GGUF sharing the model's
+# vocabulary, instead of the proposer), SPECULA_DRAFT_LAYERS (N: the model's first N layers
+# draft for it),
 # SPECULA_MODEL (the fetched GGUF).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,8 +69,11 @@ until healthy "$api/health" && healthy "$metrics/health"; do
   sleep 0.5
 done
 
+proposer="${SPECULA_PROPOSER:-suffix}"
+[ -n "${SPECULA_DRAFT_LAYERS:-}" ] && proposer="layers:$SPECULA_DRAFT_LAYERS"
+[ -n "${SPECULA_DRAFT_MODEL:-}" ] && proposer="draft model $SPECULA_DRAFT_MODEL"
 cat <<MSG
-specula is ready (K=$SPECULA_NUM_SPEC_TOKENS, drafting policy ${SPECULA_SPEC_POLICY:-goodput}, proposer ${SPECULA_PROPOSER:-suffix}).
+specula is ready (K=$SPECULA_NUM_SPEC_TOKENS, drafting policy ${SPECULA_SPEC_POLICY:-goodput}, proposer $proposer).
   OpenAI API: $api/v1
   Metrics:    $metrics/metrics
 Try:

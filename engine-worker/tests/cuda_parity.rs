@@ -23,6 +23,7 @@ use engine_worker::backend::cuda::{CudaBackend, CudaOptions};
 use engine_worker::backend::{verify_on_host, Backend, LogitsFor, SeqForward, TokenChoice};
 use engine_worker::engine::Engine;
 use engine_worker::model::{Model, ModelConfig, RopeStyle, WeightType};
+use engine_worker::spec::DraftSource;
 use half::bf16;
 use proto::api_worker::SamplingParams;
 use rand::{Rng, SeedableRng};
@@ -529,4 +530,93 @@ fn cuda_device_generated_dummy_weights_decode() {
         tokens
     };
     assert_eq!(decode(), decode());
+}
+
+/// The model drafters on the GPU: the first layer's early-exit logits equal the CPU backend's on
+/// the same weights, and greedy output with a draft model (the first layer as its own model, in
+/// its own GPU cache) and with `--draft-layers 1` equals the GPU's output without speculation.
+#[test]
+fn cuda_model_drafters_match_the_cpu_backend_and_keep_greedy_output() {
+    let Some(ordinal) = gpu_or_skip("cuda_model_drafters") else {
+        return;
+    };
+    let config = small_llama(RopeStyle::Interleaved);
+    let model = Model::dummy(config.clone(), WeightType::BF16, 6).unwrap();
+    let gpu_backend = |m: &Model| {
+        CudaBackend::new(
+            &m.config,
+            &m.weights,
+            &CudaOptions {
+                ordinal,
+                block_size: BLOCK,
+                num_blocks: Some(256),
+                ..CudaOptions::default()
+            },
+        )
+        .unwrap()
+    };
+
+    // Early exit after one layer, prefill then decode, on both backends.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let tokens = random_tokens(&mut rng, 21, config.vocab_size);
+    let table = [4u32, 1, 7];
+    let early = |b: &mut dyn Backend| {
+        let mut rows = b
+            .forward_first_layers(
+                &[SeqForward::new(&tokens[..20], 0, &table, LogitsFor::All)],
+                1,
+            )
+            .unwrap();
+        rows.extend(
+            b.forward_first_layers(
+                &[SeqForward::new(&tokens[20..], 20, &table, LogitsFor::Last)],
+                1,
+            )
+            .unwrap(),
+        );
+        rows
+    };
+    let gpu_rows = early(&mut gpu_backend(&model));
+    let cpu_rows = early(&mut cpu_backend(&model));
+    assert_close(
+        "first-layer logits (GPU vs CPU backend)",
+        &gpu_rows,
+        &cpu_rows,
+    );
+
+    // Greedy output, lossless with either drafter.
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|_| {
+            let len = rng.gen_range(8..40);
+            random_tokens(&mut rng, len, config.vocab_size)
+        })
+        .collect();
+    let run = |k: usize, draft: Option<DraftSource>| {
+        let mut engine =
+            Engine::with_drafter(gpu_backend(&model), engine_config(k, 8), None, draft).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            engine
+                .add_request(request(i as u64, p.clone(), 32, SamplingParams::GREEDY))
+                .unwrap();
+        }
+        let mut outcomes = HashMap::new();
+        run_to_completion(&mut engine, &mut outcomes);
+        (0..prompts.len() as u64)
+            .map(|i| outcomes[&i].clone())
+            .collect::<Vec<_>>()
+    };
+    let plain = run(0, None);
+    let draft_model: Box<dyn Backend> = Box::new(gpu_backend(&model.first_layers(1)));
+    for (name, draft) in [
+        ("draft model", DraftSource::Model(draft_model)),
+        ("draft layers", DraftSource::TargetLayers(1)),
+    ] {
+        let spec = run(4, Some(draft));
+        let mut drafted = 0;
+        for i in 0..prompts.len() {
+            assert_eq!(plain[i].tokens, spec[i].tokens, "{name}: request {i}");
+            drafted += spec[i].steps.iter().map(|s| s.0 as usize).sum::<usize>();
+        }
+        assert!(drafted > 0, "{name}: nothing drafted");
+    }
 }

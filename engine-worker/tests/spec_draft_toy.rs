@@ -228,7 +228,7 @@ fn per_head_acceptance_tells_a_good_draft_from_a_bad_one() {
         drafted, accepted,
         "the target drafting for itself: {same:?}"
     );
-    let (good, _, _) = heads(0.1);
+    let (good, _, _) = heads(0.03);
     let (bad, _, _) = heads(1.0);
     assert!(good[0] > 0.5, "good draft head 1: {good:?}");
     assert!(bad[0] < 0.2, "bad draft head 1: {bad:?}");

@@ -11,7 +11,10 @@
 #   SPECULA_SETTINGS   space-separated name:num_spec_tokens:policy[:proposer], one specula
 #                      stack each; default "k0:0:fixed k4fixed:4:fixed k4:4:goodput"
 #                      (policy and proposer go to the worker as SPECULA_SPEC_POLICY and
-#                      SPECULA_PROPOSER, e.g. "k4suffix:4:goodput:suffix"); set empty for none
+#                      SPECULA_PROPOSER, e.g. "k4suffix:4:goodput:suffix"; a proposer
+#                      draft=PATH is SPECULA_DRAFT_MODEL, layers=N is SPECULA_DRAFT_LAYERS, e.g.
+#                      "q40:4:fixed:draft=/tmp/q4_0.gguf"); set empty for none. Each stack's
+#                      /metrics after its run lands beside its result (<tag>-NAME.metrics)
 #   LLAMA_SERVER       llama-server binary; default <repo>/.tools/llama.cpp/build/bin/llama-server
 #                      when it exists (scripts/bench/build-llama-server.sh builds it), else skipped
 #   SKIP_LLAMA=1       do not run llama-server
@@ -189,11 +192,21 @@ run_round() {  # llama-server (when given), then every specula setting, one at a
     envs=(SPECULA_API_PORT="$api_port" SPECULA_METRICS_PORT="$metrics_port"
           SPECULA_NUM_SPEC_TOKENS="$k" SPECULA_MODEL="$MODEL")
     [ -n "${policy:-}" ] && envs+=(SPECULA_SPEC_POLICY="$policy")
-    [ -n "${proposer:-}" ] && envs+=(SPECULA_PROPOSER="$proposer")
+    case "${proposer:-}" in
+      "") ;;
+      draft=*) envs+=(SPECULA_DRAFT_MODEL="${proposer#draft=}") ;;
+      layers=*) envs+=(SPECULA_DRAFT_LAYERS="${proposer#layers=}") ;;
+      *) envs+=(SPECULA_PROPOSER="$proposer") ;;
+    esac
     env "${envs[@]}" setsid scripts/serve.sh >"$log" 2>&1 &
     srv_pid=$!
     if wait_healthy "http://127.0.0.1:$api_port/health" "$start_timeout" "specula $name"; then
       run_client "$name" "http://127.0.0.1:$api_port"
+      # The acceptance figures of the run, for scripts/bench/acceptance-report.py.
+      python3 - "http://127.0.0.1:$metrics_port/metrics" >"$out_dir/$tag-$name$suffix.metrics" <<'PY' || true
+import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())
+PY
       [ -f "$out_dir/$tag-$name$suffix.json" ] && spec_files+=("$out_dir/$tag-$name$suffix.json")
       [ -n "$first_spec" ] || first_spec="$name"
     else

@@ -54,10 +54,9 @@ pub fn toy_logits_salted(
     cur: u32,
     salt: u64,
 ) -> Vec<f32> {
-    let ctx = mix(
-        mix(u64::from(prev.map_or(u32::MAX, |p| p)), u64::from(cur) + 1),
-        salt,
-    );
+    let ctx = mix(u64::from(prev.map_or(u32::MAX, |p| p)), u64::from(cur) + 1);
+    // Salt 0 leaves the toy model's own logits exactly as they were before drafts existed.
+    let ctx = if salt == 0 { ctx } else { mix(ctx, salt) };
     (0..vocab)
         .map(|v| {
             let h = mix(ctx, v as u64 + 17);
