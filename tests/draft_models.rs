@@ -61,6 +61,8 @@ struct Run {
     texts: Vec<String>,
     /// Head-1 acceptance of each request.
     head_one: Vec<f64>,
+    /// Verification steps of each request that drafted.
+    num_drafts: Vec<u64>,
     metrics: String,
     health: String,
 }
@@ -78,6 +80,7 @@ async fn serve(draft: &Path) -> Run {
     let mut run = Run {
         texts: vec![],
         head_one: vec![],
+        num_drafts: vec![],
         metrics: String::new(),
         health: String::new(),
     };
@@ -96,6 +99,8 @@ async fn serve(draft: &Path) -> Run {
             .unwrap_or_else(|| panic!("no accept_ratio_per_head: {choice}"));
         assert_eq!(per_head.len(), K as usize, "{choice}");
         run.head_one.push(per_head[0].as_f64().unwrap());
+        run.num_drafts
+            .push(choice["speculate_metrics"]["num_drafts"].as_u64().unwrap());
     }
     // The token-processor has every batch once the last response came back through it.
     run.metrics = stack.metrics_text().await;
@@ -230,11 +235,24 @@ async fn a_good_and_a_bad_draft_model_are_told_apart_within_20_requests() {
         good_run.head_one,
         bad_run.head_one
     );
+    // Request by request (the same prompt and text under both drafts), where both drafted.
+    let both: Vec<usize> = (0..REQUESTS)
+        .filter(|&i| good_run.num_drafts[i] > 0 && bad_run.num_drafts[i] > 0)
+        .collect();
     assert!(
-        good_run.head_one.iter().all(|&g| g > bad_med),
-        "{:?}",
-        good_run.head_one
+        both.len() >= REQUESTS / 2,
+        "drafted: good {:?}, bad {:?}",
+        good_run.num_drafts,
+        bad_run.num_drafts
     );
+    for &i in &both {
+        assert!(
+            good_run.head_one[i] >= bad_run.head_one[i],
+            "request {i}: good {} < bad {}",
+            good_run.head_one[i],
+            bad_run.head_one[i]
+        );
+    }
 
     // In /metrics and /health, under each draft's name.
     for (run, name) in [(&good_run, "good-draft"), (&bad_run, "bad-draft")] {
