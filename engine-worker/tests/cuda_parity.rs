@@ -15,7 +15,7 @@ mod cuda_support;
 
 use std::collections::HashMap;
 
-use common::{engine_config, request, run_to_completion};
+use common::{engine_config, request, run_to_completion, Outcome};
 use cuda_support::{assert_close, gpu_or_skip, small_llama, Reference};
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
 use engine_worker::backend::cuda::harness::{paged_attention, AttentionCase};
@@ -439,6 +439,29 @@ fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
     }
 }
 
+/// Each prompt's outcome, greedy, `max_tokens` each, in prompt order.
+fn greedy_outcomes<B: Backend>(
+    mut engine: Engine<B>,
+    prompts: &[Vec<u32>],
+    max_tokens: u32,
+) -> Vec<Outcome> {
+    for (i, p) in prompts.iter().enumerate() {
+        engine
+            .add_request(request(
+                i as u64,
+                p.clone(),
+                max_tokens,
+                SamplingParams::GREEDY,
+            ))
+            .unwrap();
+    }
+    let mut outcomes = HashMap::new();
+    run_to_completion(&mut engine, &mut outcomes);
+    (0..prompts.len() as u64)
+        .map(|i| outcomes[&i].clone())
+        .collect()
+}
+
 #[test]
 fn cuda_greedy_output_is_identical_with_and_without_speculation() {
     let Some(ordinal) = gpu_or_skip("cuda_greedy_spec") else {
@@ -467,17 +490,11 @@ fn cuda_greedy_output_is_identical_with_and_without_speculation() {
             },
         )
         .unwrap();
-        let mut engine = Engine::new(backend, engine_config(k, 8), None);
-        for (i, p) in prompts.iter().enumerate() {
-            engine
-                .add_request(request(i as u64, p.clone(), 48, SamplingParams::GREEDY))
-                .unwrap();
-        }
-        let mut outcomes = HashMap::new();
-        run_to_completion(&mut engine, &mut outcomes);
-        (0..prompts.len() as u64)
-            .map(|i| outcomes[&i].clone())
-            .collect::<Vec<_>>()
+        greedy_outcomes(
+            Engine::new(backend, engine_config(k, 8), None),
+            &prompts,
+            48,
+        )
     };
     let plain = run(0);
     let spec = run(4);
@@ -592,18 +609,9 @@ fn cuda_model_drafters_match_the_cpu_backend_and_keep_greedy_output() {
         })
         .collect();
     let run = |k: usize, draft: Option<DraftSource>| {
-        let mut engine =
+        let engine =
             Engine::with_drafter(gpu_backend(&model), engine_config(k, 8), None, draft).unwrap();
-        for (i, p) in prompts.iter().enumerate() {
-            engine
-                .add_request(request(i as u64, p.clone(), 32, SamplingParams::GREEDY))
-                .unwrap();
-        }
-        let mut outcomes = HashMap::new();
-        run_to_completion(&mut engine, &mut outcomes);
-        (0..prompts.len() as u64)
-            .map(|i| outcomes[&i].clone())
-            .collect::<Vec<_>>()
+        greedy_outcomes(engine, &prompts, 32)
     };
     let plain = run(0, None);
     let draft_model: Box<dyn Backend> = Box::new(gpu_backend(&model.first_layers(1)));

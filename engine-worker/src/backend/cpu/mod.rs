@@ -65,6 +65,25 @@ impl std::fmt::Debug for CpuBackend {
 }
 
 impl CpuBackend {
+    /// The forward through the first `layers` layers (all of them: the model's forward), then
+    /// the final norm and LM head.
+    fn forward_through(
+        &mut self,
+        seqs: &[SeqForward<'_>],
+        layers: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.validate(seqs)?;
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Self {
+            model,
+            cache,
+            pool,
+            isa,
+        } = self;
+        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
+    }
     pub fn new(model: Model, options: CpuBackendOptions) -> Result<Self, EngineError> {
         model.config.validate()?;
         let cache = kv_cache::KvCache::new(&model.config, options.block_size, options.num_blocks)?;
@@ -159,18 +178,8 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, seqs: &[SeqForward<'_>]) -> Result<Vec<f32>, EngineError> {
-        self.validate(seqs)?;
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let Self {
-            model,
-            cache,
-            pool,
-            isa,
-        } = self;
-        let layers = model.config.num_layers;
-        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
+        let layers = self.model.config.num_layers;
+        self.forward_through(seqs, layers)
     }
 
     fn token_group(&self) -> usize {
@@ -188,17 +197,7 @@ impl Backend for CpuBackend {
                 self.model.config.num_layers
             )));
         }
-        self.validate(seqs)?;
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let Self {
-            model,
-            cache,
-            pool,
-            isa,
-        } = self;
-        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
+        self.forward_through(seqs, layers)
     }
 
     fn kv_cache_bytes(&self) -> u64 {
