@@ -45,9 +45,9 @@ fn api_hello(id: &str) -> Vec<u8> {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn only_peers_that_prove_the_secret_are_heard() {
-    let dir = std::env::temp_dir().join(format!("specula-link-auth-{}", std::process::id()));
+/// A stack whose links all require the secret (tcp on loopback); the secret file's directory.
+async fn secret_stack(tag: &str) -> (Stack, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("specula-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let secret_file = dir.join("link.secret");
     std::fs::write(&secret_file, b"correct horse battery staple, twice\n").unwrap();
@@ -67,6 +67,46 @@ async fn only_peers_that_prove_the_secret_are_heard() {
         ..StackConfig::default()
     })
     .await;
+    (stack, dir)
+}
+
+/// 5,000 connections that say `Begin` and never prove anything, to the worker's endpoint: the
+/// api-server, admitted before them, is never forgotten by the worker's gate; `/health` stays
+/// 200 throughout and a request succeeds afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousands_of_unproven_connections_push_out_no_admitted_peer() {
+    const STRANGERS: usize = 5000;
+    const AT_ONCE: usize = 100;
+    let (stack, dir) = secret_stack("link-flood").await;
+    let worker = stack.endpoint("worker-0");
+    let url = stack.api("/v1/completions");
+    let begin = proto::encode(&LinkAuth::Begin).unwrap();
+    for round in 0..STRANGERS / AT_ONCE {
+        let wave = (0..AT_ONCE).map(|_| {
+            let (worker, begin) = (worker.clone(), begin.clone());
+            async move {
+                let mut s = stranger(&worker).await;
+                send(&mut s, begin).await;
+                // Wait for the challenge, so the gate holds this connection as unproven.
+                next(&mut s, Duration::from_secs(5)).await
+            }
+        });
+        let challenged = futures::future::join_all(wave).await;
+        assert!(challenged.iter().all(Option::is_some), "round {round}");
+        if round % 10 == 9 {
+            assert_eq!(stack.status(&stack.api("/health")).await, Some(200));
+        }
+    }
+    assert_eq!(stack.status(&stack.api("/health")).await, Some(200));
+    let (status, v) = complete(stack.client(), &url, &completion_body("Count:", 4, false)).await;
+    assert_eq!(status, 200, "{v}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_peers_that_prove_the_secret_are_heard() {
+    let (stack, dir) = secret_stack("link-auth").await;
+    let secret_file = dir.join("link.secret");
     // Served through authenticated links.
     let url = stack.api("/v1/completions");
     let (status, v) = complete(stack.client(), &url, &completion_body("Count:", 4, false)).await;

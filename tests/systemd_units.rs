@@ -132,5 +132,10 @@ fn stop_timeouts_outlast_each_drain() {
             "{unit}: TimeoutStopSec={stop} does not outlast its {drain_secs} s drain"
         );
     }
-    assert!(unit_text("specula-api-server.service").contains("LimitNOFILE="));
+    for unit in [
+        "specula-api-server.service",
+        "specula-token-processor.service",
+    ] {
+        assert!(unit_text(unit).contains("LimitNOFILE="), "{unit}");
+    }
 }

@@ -1,4 +1,6 @@
-//! Reading a JSON request body safely: size cap (413 before reading past it), a read deadline
+//! Reading a JSON request body safely: `Content-Type: application/json` (415 otherwise: a web
+//! page can POST `text/plain` without a CORS preflight, never JSON), size cap (413 before
+//! reading past it), a read deadline
 //! (408 for a client that trickles its body), nesting cap, syntax (400), must be an object
 //! (400), then the typed schema (422). A large body is read, parsed and later tokenized under
 //! one of a few permits and off the async runtime ([`BodyLimits::run`]): a burst of 4 MiB bodies
@@ -40,6 +42,17 @@ impl BodyLimits {
         }
     }
 
+    /// One of the heavy permits, waited for at most [`HEAVY_PERMIT_WAIT`].
+    async fn heavy_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        match tokio::time::timeout(HEAVY_PERMIT_WAIT, self.heavy.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(ApiError::Internal),
+            Err(_) => Err(ApiError::unavailable(
+                "too many large request bodies are being handled; retry later",
+            )),
+        }
+    }
+
     /// Runs CPU-bound request work: inline for a light body, else under a permit on the
     /// blocking pool.
     pub async fn run<T, F>(&self, heavy: bool, work: F) -> Result<T, ApiError>
@@ -50,7 +63,7 @@ impl BodyLimits {
         if !heavy {
             return work();
         }
-        let _permit = self.heavy.acquire().await.map_err(|_| ApiError::Internal)?;
+        let _permit = self.heavy_permit().await?;
         on_blocking_pool(work).await
     }
 }
@@ -130,12 +143,28 @@ pub fn json_depth(bytes: &[u8]) -> usize {
     max
 }
 
+/// Whether the body is declared JSON: `application/json`, parameters (charset) allowed.
+pub fn declared_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// How long a heavy body waits for one of the heavy permits before a 503: a burst of large
+/// bodies cannot queue requests without bound behind it.
+pub const HEAVY_PERMIT_WAIT: Duration = Duration::from_secs(10);
+
 /// Reads and parses the body as `T`.
 pub async fn read_json<T: DeserializeOwned + Send + 'static>(
     headers: &HeaderMap,
     body: Body,
     limits: &BodyLimits,
 ) -> Result<Parsed<T>, ApiError> {
+    if !declared_json(headers) {
+        return Err(ApiError::UnsupportedMediaType);
+    }
     let limit = limits.max_bytes;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
@@ -147,13 +176,7 @@ pub async fn read_json<T: DeserializeOwned + Send + 'static>(
     }
     let heavy = declared.is_none_or(|len| len > HEAVY_BODY_BYTES as u64);
     let _permit = match heavy {
-        true => Some(
-            limits
-                .heavy
-                .acquire()
-                .await
-                .map_err(|_| ApiError::Internal)?,
-        ),
+        true => Some(limits.heavy_permit().await?),
         false => None,
     };
     // Stops reading as soon as the cap is passed (chunked bodies have no declared length).
@@ -194,6 +217,25 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_json_bodies_are_read() {
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(axum::http::header::CONTENT_TYPE, ct.parse().unwrap());
+            declared_json(&h)
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=utf-8"));
+        for other in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        ] {
+            assert!(!with(other), "{other}");
+        }
+        assert!(!declared_json(&HeaderMap::new()));
+    }
 
     #[test]
     fn depth_ignores_brackets_in_strings() {

@@ -29,6 +29,11 @@ pub enum ApiError {
     },
     #[error("missing or incorrect API key")]
     Unauthorized,
+    /// A browser page from an origin not in `--allowed-origins`.
+    #[error("requests from origin {origin:?} are not allowed")]
+    ForbiddenOrigin { origin: String },
+    #[error("the request body must be JSON sent as Content-Type: application/json")]
+    UnsupportedMediaType,
     #[error("the model `{model}` does not exist")]
     ModelNotFound { model: String },
     #[error("no route for {method} {path}")]
@@ -83,6 +88,8 @@ impl ApiError {
             }
             Self::Schema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::ForbiddenOrigin { .. } => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::ModelNotFound { .. } | Self::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -106,6 +113,14 @@ impl ApiError {
                 Some(*param),
             ),
             Self::Unauthorized => ("invalid_request_error", Some("invalid_api_key"), None),
+            Self::ForbiddenOrigin { .. } => {
+                ("invalid_request_error", Some("forbidden_origin"), None)
+            }
+            Self::UnsupportedMediaType => (
+                "invalid_request_error",
+                Some("unsupported_media_type"),
+                None,
+            ),
             Self::ModelNotFound { .. } => (
                 "invalid_request_error",
                 Some("model_not_found"),

@@ -1,8 +1,13 @@
 //! Running the engine requests of one HTTP request: one [`ChoiceRun`] per choice (prompt × n),
 //! each turning engine events into text through its own incremental decoder, bounded by the
 //! request's deadline. Dropping a run aborts its engine request.
+//!
+//! A request holds at most its share of the admission bound: its choices run through that many
+//! [`Lane`]s, each holding one admitted sequence and starting its next choice when the last one
+//! ends, so `n = 64` runs as (by default) 16 at a time and everyone else keeps the rest.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::api_worker::RejectReason;
@@ -10,7 +15,7 @@ use proto::tp_api::Usage as EngineUsage;
 use proto::SpeculateMetrics;
 use tokio::time::Instant;
 
-use crate::engine::admission::Admitted;
+use crate::engine::admission::{Admitted, ClientKey};
 use crate::engine::{Engine, EngineEvent, EngineFailure, EngineRequest, SubmitRequest};
 use crate::error::ApiError;
 use crate::openai::responses::Usage;
@@ -49,8 +54,6 @@ pub struct ChoiceRun<R> {
     deadline: Instant,
     timeout_secs: u64,
     ended: bool,
-    /// Its place under the admission bound, given back when the choice is dropped.
-    _admitted: Option<Admitted>,
 }
 
 fn failure_error(failure: EngineFailure) -> ApiError {
@@ -66,45 +69,156 @@ fn failure_error(failure: EngineFailure) -> ApiError {
     }
 }
 
-/// Admits every choice of `spec` (a 429 when the server stays full past the admission wait),
-/// then submits them; on any failure the ones already submitted are aborted.
+/// A choice not yet started: its lane submits it when the lane's previous choice ends.
+struct PendingChoice {
+    index: u32,
+    request: SubmitRequest,
+}
+
+/// What every choice of one request shares.
+struct RequestCommon<E> {
+    engine: E,
+    tokenizer: Arc<Tokenizer>,
+    stop_strings: Vec<String>,
+    deadline: Instant,
+    timeout: Duration,
+    /// Choices no lane has started yet, in index order.
+    pending: Mutex<VecDeque<PendingChoice>>,
+}
+
+impl<E: Engine> RequestCommon<E> {
+    fn next_pending(&self) -> Option<PendingChoice> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    fn start(&self, choice: PendingChoice) -> Result<ChoiceRun<E::Request>, ApiError> {
+        let prompt_tokens = choice.request.prompt_token_ids.len() as u32;
+        let request = self.engine.submit(choice.request)?;
+        Ok(ChoiceRun {
+            index: choice.index,
+            request,
+            decoder: IncrementalDecoder::new(
+                Arc::clone(&self.tokenizer),
+                self.stop_strings.clone(),
+            ),
+            prompt_tokens,
+            deadline: self.deadline,
+            timeout_secs: self.timeout.as_secs(),
+            ended: false,
+        })
+    }
+}
+
+/// One admitted sequence of a request, running its choices one after another.
+pub struct Lane<E: Engine> {
+    common: Arc<RequestCommon<E>>,
+    current: Option<ChoiceRun<E::Request>>,
+    /// Its place under the admission bound, given back when the lane is dropped.
+    _admitted: Option<Admitted>,
+}
+
+/// Admits the choices of `spec` for `client` (a 429 when the server stays full past the
+/// admission wait), then starts as many as the request was given lanes; the others start as
+/// lanes free. On a failure to start, the ones already started are aborted.
 pub async fn start_choices<E: Engine>(
     engine: &E,
     tokenizer: &Arc<Tokenizer>,
     spec: &GenerateSpec,
     timeout: Duration,
-) -> Result<Vec<ChoiceRun<E::Request>>, ApiError> {
+    client: &ClientKey,
+) -> Result<Vec<Lane<E>>, ApiError> {
     let deadline = Instant::now() + timeout;
     let sequences = spec.prompts.len() * spec.n as usize;
-    let mut admitted = engine.admit(sequences).await?;
-    let mut runs = Vec::with_capacity(sequences);
+    let admitted = engine.admit(sequences, client).await?;
+    let mut pending = VecDeque::with_capacity(sequences);
     for (p, prompt) in spec.prompts.iter().enumerate() {
         for j in 0..spec.n {
             let mut sampling = spec.sampling.clone();
             // Each choice samples on its own: derive distinct seeds from the request's.
             sampling.seed = sampling.seed.map(|s| s.wrapping_add(u64::from(j)));
-            let request = engine.submit(SubmitRequest {
-                prompt_token_ids: prompt.clone(),
-                sampling,
-                stop: spec.stop.clone(),
-                max_tokens: spec.max_tokens[p],
-            })?;
-            runs.push(ChoiceRun {
+            pending.push_back(PendingChoice {
                 index: p as u32 * spec.n + j,
-                request,
-                decoder: IncrementalDecoder::new(
-                    Arc::clone(tokenizer),
-                    spec.stop.stop_strings.clone(),
-                ),
-                prompt_tokens: prompt.len() as u32,
-                deadline,
-                timeout_secs: timeout.as_secs(),
-                ended: false,
-                _admitted: admitted.pop(),
+                request: SubmitRequest {
+                    prompt_token_ids: prompt.clone(),
+                    sampling,
+                    stop: spec.stop.clone(),
+                    max_tokens: spec.max_tokens[p],
+                },
             });
         }
     }
-    Ok(runs)
+    let common = Arc::new(RequestCommon {
+        engine: engine.clone(),
+        tokenizer: Arc::clone(tokenizer),
+        stop_strings: spec.stop.stop_strings.clone(),
+        deadline,
+        timeout,
+        pending: Mutex::new(pending),
+    });
+    // No bound yet (no worker reported): every choice gets a lane; routing answers.
+    let lanes: Vec<Option<Admitted>> = match admitted.is_empty() {
+        true => (0..sequences).map(|_| None).collect(),
+        false => admitted.into_iter().map(Some).collect(),
+    };
+    let mut started = Vec::with_capacity(lanes.len());
+    for admitted in lanes {
+        let Some(choice) = common.next_pending() else {
+            break;
+        };
+        started.push(Lane {
+            current: Some(common.start(choice)?),
+            common: Arc::clone(&common),
+            _admitted: admitted,
+        });
+    }
+    Ok(started)
+}
+
+impl<E: Engine> Lane<E> {
+    /// The next update of this lane's current choice, starting the next pending choice of the
+    /// request when it ends; `None` when no choice is left. Cancel-safe (see
+    /// [`ChoiceRun::step`]): nothing changes until an engine event arrives.
+    pub async fn step(&mut self) -> Option<Result<ChoiceUpdate, ApiError>> {
+        loop {
+            if let Some(run) = &mut self.current {
+                match run.step().await {
+                    Some(update) => {
+                        if !matches!(update, Ok(ChoiceUpdate::Text { .. })) {
+                            // Ended: its engine request is done; free it before the next.
+                            self.current = None;
+                        }
+                        return Some(update);
+                    }
+                    None => self.current = None,
+                }
+            }
+            let choice = self.common.next_pending()?;
+            match self.common.start(choice) {
+                Ok(run) => self.current = Some(run),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// Runs every choice this lane gets to its end: each one's whole text and how it ended.
+    pub async fn run_to_end(mut self) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
+        let mut done = Vec::new();
+        let mut text = String::new();
+        while let Some(update) = self.step().await {
+            match update? {
+                ChoiceUpdate::Text { text: piece, .. } => text.push_str(&piece),
+                ChoiceUpdate::End(mut end) => {
+                    text.push_str(&end.text);
+                    end.text = String::new();
+                    done.push((std::mem::take(&mut text), *end));
+                }
+            }
+        }
+        Ok(done)
+    }
 }
 
 impl<R: EngineRequest> ChoiceRun<R> {
@@ -185,31 +299,14 @@ impl<R: EngineRequest> ChoiceRun<R> {
             speculate_metrics: metrics,
         }
     }
-
-    /// Runs to the end; returns the whole text and how it ended.
-    pub async fn run_to_end(mut self) -> Result<(String, ChoiceEnd), ApiError> {
-        let mut text = String::new();
-        while let Some(update) = self.step().await {
-            match update? {
-                ChoiceUpdate::Text { text: piece, .. } => text.push_str(&piece),
-                ChoiceUpdate::End(mut end) => {
-                    text.push_str(&end.text);
-                    end.text = String::new();
-                    return Ok((text, *end));
-                }
-            }
-        }
-        Err(ApiError::Internal)
-    }
 }
 
-/// Runs every choice concurrently; the first failure fails the request (and aborts the rest).
-pub async fn collect_all<R: EngineRequest>(
-    runs: Vec<ChoiceRun<R>>,
+/// Runs every lane concurrently; the first failure fails the request (and aborts the rest).
+pub async fn collect_all<E: Engine>(
+    lanes: Vec<Lane<E>>,
 ) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
-    let results =
-        futures::future::try_join_all(runs.into_iter().map(ChoiceRun::run_to_end)).await?;
-    Ok(results)
+    let results = futures::future::try_join_all(lanes.into_iter().map(Lane::run_to_end)).await?;
+    Ok(results.into_iter().flatten().collect())
 }
 
 /// Request usage: prompts counted once each (with their prefix-cache hits, where known),

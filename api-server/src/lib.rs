@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod client_key;
 pub mod engine;
 pub mod error;
 pub mod generate;
@@ -13,8 +14,8 @@ pub mod memory;
 pub mod model;
 pub mod notify;
 pub mod openai;
+pub mod origin;
 pub mod routes;
-pub mod serve;
 pub mod stream;
 pub mod template;
 pub mod tokenizer;

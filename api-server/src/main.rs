@@ -93,10 +93,28 @@ struct Args {
         default_value_t = api_server::engine::DEFAULT_ADMISSION_WAIT.as_millis() as u64
     )]
     admission_wait_ms: u64,
+    /// Of the admission bound, what one request holds at once (its other choices start as its
+    /// first ones end), and what one client (API key, else address) holds while another waits.
+    #[arg(
+        long,
+        env = "SPECULA_MAX_REQUEST_SHARE",
+        default_value_t = api_server::engine::admission::DEFAULT_REQUEST_SHARE,
+        value_parser = parse_share
+    )]
+    max_request_share: f64,
+    /// A streamed response whose client reads nothing for this many seconds is dropped: its
+    /// sequences are aborted and their room under the admission bound given back.
+    #[arg(long, env = "SPECULA_STREAM_WRITE_TIMEOUT_SECS", default_value_t = 30)]
+    stream_write_timeout_secs: u64,
     /// A request's body must arrive within this many seconds of its headers (a client that
     /// trickles its body cannot hold a connection and a handler); past it a 408.
     #[arg(long, env = "SPECULA_HTTP_BODY_TIMEOUT_SECS", default_value_t = 30)]
     http_body_timeout_secs: u64,
+    /// Web origins (`scheme://host[:port]`, comma-separated; `*` for any) whose pages may call
+    /// the API; a request with any other `Origin` header gets a 403. None by default: a page
+    /// the operator opens cannot drive the server. Clients other than browsers send no Origin.
+    #[arg(long, env = "SPECULA_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "SPECULA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -105,6 +123,14 @@ struct Args {
     shutdown_grace_secs: u64,
     #[command(flatten)]
     service: link::service::ServiceArgs,
+}
+
+/// A share of the admission bound: a number in (0, 1].
+fn parse_share(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!("{value:?} is not a share in (0, 1]")),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -138,8 +164,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("bad listen address {}:{}", args.host, args.port))?;
-    let listener = api_server::serve::bind(addr, args.listen_backlog)
-        .with_context(|| format!("binding {addr}"))?;
+    let listener =
+        link::http::bind(addr, args.listen_backlog).with_context(|| format!("binding {addr}"))?;
     tracing::info!(
         %addr,
         %api_server_id,
@@ -194,6 +220,7 @@ fn engine_config(args: &Args, api_server_id: String) -> anyhow::Result<EngineCon
         n => AdmissionBound::Fixed(n),
     };
     engine_config.admission_wait = Duration::from_millis(args.admission_wait_ms);
+    engine_config.request_share = args.max_request_share;
     Ok(engine_config)
 }
 
@@ -217,6 +244,8 @@ fn app_state(
         limits: Arc::new(Limits::new(max_model_len)),
         engine,
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+        stream_write_timeout: Duration::from_secs(args.stream_write_timeout_secs.max(1)),
+        allowed_origins: api_server::origin::AllowedOrigins(args.allowed_origins.clone().into()),
         body: BodyLimits::new(
             args.max_body_bytes,
             Duration::from_secs(args.http_body_timeout_secs.max(1)),
@@ -243,11 +272,11 @@ async fn serve_until_shutdown(
         drain_engine.stop_accepting();
         let _ = signalled_tx.send(true);
     };
-    let limits = api_server::serve::HttpLimits {
+    let limits = link::http::HttpLimits {
         header_read_timeout: Duration::from_secs(args.http_header_timeout_secs.max(1)),
         max_connections: args.max_connections,
     };
-    let server = api_server::serve::serve(listener, app, limits, graceful);
+    let server = link::http::serve(listener, app, limits, graceful);
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let mut signalled = signalled_rx;
     let deadline = async move {

@@ -1,8 +1,16 @@
 //! Server-sent events for streamed responses: `data: <chunk>` per update, the usage chunk when
 //! asked for, an error event if the request fails midway, and always `data: [DONE]` last.
-//! Dropping the body (client gone) drops the runs, which aborts their engine requests.
+//!
+//! A task of its own drives each stream's choices and hands the chunks to the body through a
+//! short queue, so the request's deadline holds whether or not hyper polls the body (it stops
+//! when the client stops reading and the socket fills). A client that takes nothing for the
+//! write timeout loses its response: the task stops, which drops the runs, aborts their engine
+//! requests and gives their admitted sequences back, and the body ends with an error, so the
+//! connection closes without the chunked terminator. The same happens at once when the client
+//! goes away (the body is dropped).
 
-use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -11,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
 
-use crate::engine::EngineRequest;
+use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::generate::{ChoiceEnd, ChoiceRun, ChoiceUpdate};
+use crate::generate::{ChoiceEnd, ChoiceUpdate, Lane};
 use crate::openai::responses::Usage;
 
 /// How a stream writes its chunks; chat's and completions' differ in their choices.
@@ -46,57 +54,57 @@ fn error_event(err: &ApiError) -> Bytes {
 /// learns now that it was admitted, and a later failure arrives as an error event.
 pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(500);
 
-/// A run with its first update taken when it came within the patience (see [`first_updates`]).
-pub struct PrimedRun<R> {
-    run: ChoiceRun<R>,
+/// Chunks a stream's task may run ahead of the body before it waits for the client.
+pub const STREAM_QUEUE_CHUNKS: usize = 32;
+
+/// A lane with its first update taken when it came within the patience (see [`first_updates`]).
+pub struct PrimedLane<E: Engine> {
+    lane: Lane<E>,
     first: Option<ChoiceUpdate>,
 }
 
 /// Waits up to `patience` for every run's first update, so a request the engine refuses or
 /// fails before any output gets a proper HTTP status instead of a 200 stream holding an error
 /// event, while a queued one is not left without a status.
-pub async fn first_updates<R: EngineRequest>(
-    runs: Vec<ChoiceRun<R>>,
+pub async fn first_updates<E: Engine>(
+    lanes: Vec<Lane<E>>,
     patience: Duration,
-) -> Result<Vec<PrimedRun<R>>, ApiError> {
+) -> Result<Vec<PrimedLane<E>>, ApiError> {
     let until = tokio::time::Instant::now() + patience;
-    futures::future::try_join_all(runs.into_iter().map(|mut run| async move {
+    futures::future::try_join_all(lanes.into_iter().map(|mut lane| async move {
         // `step` is cancel-safe: it changes nothing until an engine event arrives.
-        match tokio::time::timeout_at(until, run.step()).await {
-            Ok(Some(Ok(first))) => Ok(PrimedRun {
-                run,
+        match tokio::time::timeout_at(until, lane.step()).await {
+            Ok(Some(Ok(first))) => Ok(PrimedLane {
+                lane,
                 first: Some(first),
             }),
             Ok(Some(Err(err))) => Err(err),
             Ok(None) => Err(ApiError::Internal),
-            Err(_) => Ok(PrimedRun { run, first: None }),
+            Err(_) => Ok(PrimedLane { lane, first: None }),
         }
     }))
     .await
 }
 
-/// Merges the choices' updates into one SSE body, each update written as one chunk.
-pub fn sse_response<R: EngineRequest>(
-    runs: Vec<PrimedRun<R>>,
+/// Merges the lanes' updates into one SSE body, each update written as one chunk; a client that
+/// reads nothing for `write_timeout` loses the stream (see the module's doc).
+pub fn sse_response<E: Engine>(
+    lanes: Vec<PrimedLane<E>>,
     chunks: impl StreamChunks,
     include_usage: bool,
     n: u32,
+    write_timeout: Duration,
 ) -> Response {
-    let updates = stream::select_all(runs.into_iter().map(|PrimedRun { run, first }| {
+    let updates = stream::select_all(lanes.into_iter().map(|PrimedLane { lane, first }| {
         Box::pin(
-            stream::iter(first.map(Ok)).chain(stream::unfold(run, |mut run| async move {
-                run.step().await.map(|update| (update, run))
+            stream::iter(first.map(Ok)).chain(stream::unfold(lane, |mut lane| async move {
+                lane.step().await.map(|update| (update, lane))
             })),
         )
     }));
     let opening = chunks.opening();
-    let body = stream::iter(opening.into_iter().map(Ok::<_, Infallible>)).chain(events(
-        updates,
-        include_usage,
-        n,
-        chunks,
-    ));
-    let mut response = Body::from_stream(body).into_response();
+    let chunks = stream::iter(opening).chain(events(updates, include_usage, n, chunks));
+    let mut response = Body::from_stream(drive(chunks, write_timeout)).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -106,12 +114,56 @@ pub fn sse_response<R: EngineRequest>(
     response
 }
 
-fn events<S, C>(
-    updates: S,
-    include_usage: bool,
-    n: u32,
-    chunks: C,
-) -> impl Stream<Item = Result<Bytes, Infallible>>
+/// Runs `chunks` on a task of its own and returns the body's side: the chunks, then an error if
+/// the task gave up on a client that stopped reading.
+fn drive(
+    chunks: impl Stream<Item = Bytes> + Send + 'static,
+    write_timeout: Duration,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(STREAM_QUEUE_CHUNKS);
+    let gave_up = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&gave_up);
+    tokio::spawn(async move {
+        let mut chunks = std::pin::pin!(chunks);
+        loop {
+            let chunk = tokio::select! {
+                chunk = chunks.next() => chunk,
+                // The body was dropped: the client went away.
+                () = tx.closed() => return,
+            };
+            let Some(chunk) = chunk else { return };
+            match tokio::time::timeout(write_timeout, tx.send(chunk)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    flag.store(true, Ordering::Release);
+                    tracing::info!(
+                        write_timeout_s = write_timeout.as_secs_f64(),
+                        "a stream's client read nothing for the write timeout; stream dropped"
+                    );
+                    return;
+                }
+            }
+        }
+    });
+    let received = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (Ok(chunk), rx))
+    });
+    let ending = stream::once(async move {
+        match gave_up.load(Ordering::Acquire) {
+            // Ends the body with an error: hyper closes the connection mid-chunk.
+            true => Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            false => None,
+        }
+    })
+    .filter_map(std::future::ready);
+    received.chain(ending)
+}
+
+fn events<S, C>(updates: S, include_usage: bool, n: u32, chunks: C) -> impl Stream<Item = Bytes>
 where
     S: Stream<Item = Result<ChoiceUpdate, ApiError>> + Unpin + Send + 'static,
     C: StreamChunks,
@@ -135,20 +187,18 @@ where
         }
         let updates = st.updates.as_mut()?;
         match updates.next().await {
-            Some(Ok(ChoiceUpdate::Text { index, text })) => {
-                Some((Ok(st.chunks.text(index, text)), st))
-            }
+            Some(Ok(ChoiceUpdate::Text { index, text })) => Some((st.chunks.text(index, text), st)),
             Some(Ok(ChoiceUpdate::End(end))) => {
                 let bytes = st.chunks.end(&end);
                 st.ends.push(*end);
-                Some((Ok(bytes), st))
+                Some((bytes, st))
             }
             Some(Err(err)) => {
                 st.finished = true;
                 st.updates = None;
                 let mut bytes = error_event(&err).to_vec();
                 bytes.extend_from_slice(&done());
-                Some((Ok(Bytes::from(bytes)), st))
+                Some((Bytes::from(bytes), st))
             }
             None => {
                 st.finished = true;
@@ -159,7 +209,7 @@ where
                     bytes.extend_from_slice(&st.chunks.usage(usage));
                 }
                 bytes.extend_from_slice(&done());
-                Some((Ok(Bytes::from(bytes)), st))
+                Some((Bytes::from(bytes), st))
             }
         }
     })

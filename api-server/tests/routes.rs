@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use api_server::engine::{EngineEvent, EngineFailure, Finished};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -216,6 +218,11 @@ async fn a_full_admission_bound_is_a_429_and_a_dropped_stream_makes_room() {
     );
 
     drop(held);
+    // The stream's task sees the body gone and drops the run.
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while engine.abandoned() == 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(
         engine.abandoned(),
         1,
@@ -223,4 +230,125 @@ async fn a_full_admission_bound_is_a_429_and_a_dropped_stream_makes_room() {
     );
     let admitted = post(&app, "/v1/chat/completions", chat_body(true)).await;
     assert_eq!(admitted.status(), StatusCode::OK);
+}
+
+/// With a quarter of a bound of 8, one request of n = 8 runs as 2 lanes: it holds 2 sequences,
+/// never more, and still answers every choice.
+#[tokio::test]
+async fn a_request_past_its_share_runs_its_choices_through_its_lanes() {
+    let engine = ScriptedEngine::with_share(answer(None), 8, 0.25);
+    let app = engine.router();
+    for stream in [false, true] {
+        let mut body = chat_body(stream);
+        body["n"] = json!(8);
+        let response = post(&app, "/v1/chat/completions", body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut indices: Vec<u64> = if stream {
+            let (events, done_last) = sse_events(response).await;
+            assert!(done_last);
+            events
+                .iter()
+                .flat_map(|e| e["choices"].as_array().cloned().unwrap_or_default())
+                .filter(|c| c["finish_reason"].is_string())
+                .map(|c| c["index"].as_u64().unwrap())
+                .collect()
+        } else {
+            let v: Value = serde_json::from_str(&body_text(response).await).unwrap();
+            v["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .inspect(|c| assert_eq!(c["message"]["content"], TEXT))
+                .map(|c| c["index"].as_u64().unwrap())
+                .collect()
+        };
+        indices.sort_unstable();
+        assert_eq!(indices, (0..8).collect::<Vec<_>>(), "stream: {stream}");
+    }
+    assert_eq!(engine.submitted().len(), 16);
+    assert_eq!(engine.admitted(), 0);
+}
+
+/// A stream whose client reads nothing is dropped after the write timeout even though hyper
+/// never polls its body: its engine request is aborted and its sequence given back, and the
+/// body ends with an error instead of `[DONE]`.
+#[tokio::test]
+async fn an_unread_stream_is_dropped_after_the_write_timeout() {
+    let write_timeout = Duration::from_millis(300);
+    // More chunks than the stream's queue holds, then nothing.
+    let script = vec![EngineEvent::Tokens(text_tokens()); 100];
+    let engine = ScriptedEngine::new(script, 1);
+    let app = engine.router_with_write_timeout(write_timeout);
+    let unread = post(&app, "/v1/chat/completions", chat_body(true)).await;
+    assert_eq!(unread.status(), StatusCode::OK);
+    assert_eq!(engine.admitted(), 1);
+    let until = tokio::time::Instant::now() + write_timeout + Duration::from_secs(2);
+    while engine.admitted() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(engine.admitted(), 0, "released within the write timeout");
+    assert_eq!(engine.abandoned(), 1, "its engine request aborted");
+    let next = post(&app, "/v1/chat/completions", chat_body(true)).await;
+    assert_eq!(next.status(), StatusCode::OK, "its room is free again");
+    let read = axum::body::to_bytes(unread.into_body(), 1 << 20).await;
+    assert!(read.is_err(), "the body ends with an error, not [DONE]");
+}
+
+/// A web page can POST `text/plain` without a CORS preflight: such a body is refused, and so
+/// is any request from an origin not allowed; a listed origin gets the CORS headers.
+#[tokio::test]
+async fn pages_cannot_drive_the_api_unless_their_origin_is_allowed() {
+    let engine = ScriptedEngine::new(answer(None), 4);
+    let app = engine.router();
+    let send = |app: &Router, content_type: &str, origin: Option<&str>| {
+        let mut request = Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(chat_body(false).to_string()))
+            .unwrap();
+        if let Some(origin) = origin {
+            request
+                .headers_mut()
+                .insert(header::ORIGIN, origin.parse().unwrap());
+        }
+        app.clone().oneshot(request)
+    };
+    let plain = send(&app, "text/plain", None).await.unwrap();
+    assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let v: Value = serde_json::from_str(&body_text(plain).await).unwrap();
+    assert_eq!(v["error"]["code"], "unsupported_media_type");
+    let foreign = send(&app, "application/json", Some("http://evil.example"))
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    let v: Value = serde_json::from_str(&body_text(foreign).await).unwrap();
+    assert_eq!(v["error"]["code"], "forbidden_origin");
+    assert!(engine.submitted().is_empty(), "neither reached the engine");
+    // The normal client is unaffected.
+    let normal = send(&app, "application/json; charset=utf-8", None)
+        .await
+        .unwrap();
+    assert_eq!(normal.status(), StatusCode::OK);
+
+    let mut state = support::state(engine.clone(), Duration::from_secs(10));
+    state.allowed_origins =
+        api_server::origin::AllowedOrigins(vec!["http://localhost:3000".to_owned()].into());
+    let app = api_server::routes::router(state, api_server::auth::ApiKey(None));
+    let listed = send(&app, "application/json", Some("http://localhost:3000"))
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), StatusCode::OK);
+    assert_eq!(
+        listed.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+        "http://localhost:3000"
+    );
+    let preflight = Request::options("/v1/chat/completions")
+        .header(header::ORIGIN, "http://localhost:3000")
+        .body(Body::empty())
+        .unwrap();
+    let preflight = app.clone().oneshot(preflight).await.unwrap();
+    assert_eq!(preflight.status(), StatusCode::NO_CONTENT);
+    let other = send(&app, "application/json", Some("http://localhost:3001"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::FORBIDDEN);
 }

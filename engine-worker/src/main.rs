@@ -402,6 +402,7 @@ fn step_loop_thread(args: &Args, worker_id: &str, status: Arc<WorkerStatus>, end
         engine.backend().config().name.clone(),
         engine.config().max_model_len,
         engine.kv_capacity_tokens(),
+        engine.config().max_num_seqs,
     );
     // The token-processor saw a not-ready hello; a resync is preceded by a fresh hello.
     status.request_resync();

@@ -44,6 +44,9 @@ pub struct WorkerHello {
     /// Bytes of the draft model's own KV cache, beside the target's (0 when the proposer keeps
     /// none, and until the model is loaded): what drafting costs in accelerator memory.
     pub draft_kv_bytes: u64,
+    /// Most sequences the worker runs in one batch (0 until the model is loaded): what a request
+    /// may hold a share of at the api-server, so that no request fills every batch slot.
+    pub max_num_seqs: u32,
 }
 
 /// Ok when `proposer` can be a metric label value: not empty (an empty value is no label at all

@@ -97,6 +97,7 @@ mod tests {
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 6_291_456,
+            max_num_seqs: 16,
         };
         assert_eq!(
             worker_line(&hello),

@@ -59,6 +59,18 @@ struct ServeArgs {
     /// Port `/metrics` and `/health` listen on.
     #[arg(long, env = "SPECULA_METRICS_PORT", default_value_t = 9400)]
     metrics_port: u16,
+    /// A client must send a request's headers within this many seconds, also the idle limit of
+    /// a kept-alive connection: idle sockets cannot pile up on `/metrics`.
+    #[arg(
+        long,
+        env = "SPECULA_TP_HTTP_HEADER_TIMEOUT_SECS",
+        default_value_t = 10
+    )]
+    http_header_timeout_secs: u64,
+    /// Most HTTP connections (`/metrics`, `/health`) open at once; more wait in the listen
+    /// backlog, so scrapers and probes can never use the descriptors the ZeroMQ links need.
+    #[arg(long, env = "SPECULA_TP_MAX_HTTP_CONNECTIONS", default_value_t = 4096)]
+    max_http_connections: usize,
     /// In-flight requests tracked per worker; requests beyond it fail explicitly.
     #[arg(long, env = "SPECULA_TP_MAX_REQUESTS", default_value_t = 65_536)]
     max_requests: usize,
@@ -149,9 +161,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     let upkeep = spawn_upkeep(prometheus.clone());
+    let limits = link::http::HttpLimits {
+        header_read_timeout: Duration::from_secs(args.http_header_timeout_secs.max(1)),
+        max_connections: args.max_http_connections,
+    };
     let server = spawn_http(
         bound.http,
         http::router(prometheus, health),
+        limits,
         shutdown_rx.clone(),
     );
 
@@ -190,8 +207,7 @@ async fn bind(args: &ServeArgs) -> anyhow::Result<Bound> {
         .await
         .with_context(|| format!("binding api endpoint on {}", args.api_endpoint))?;
     let http_addr = SocketAddr::new(args.metrics_host, args.metrics_port);
-    let http = tokio::net::TcpListener::bind(http_addr)
-        .await
+    let http = link::http::bind(http_addr, HTTP_LISTEN_BACKLOG)
         .with_context(|| format!("binding HTTP on {http_addr}"))?;
     Ok(Bound {
         ingest,
@@ -264,19 +280,19 @@ fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Connections the kernel queues for the HTTP listener before they are accepted.
+const HTTP_LISTEN_BACKLOG: u32 = 1024;
+
 /// Serves `/metrics` and `/health` until shutdown.
 fn spawn_http(
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    limits: link::http::HttpLimits,
     mut shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = shutdown.wait_for(|stop| *stop).await;
-            })
-            .await
-    })
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(link::http::serve(listener, app, limits, async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    }))
 }
 
 /// Waits, at most `shutdown_timeout_ms`, for the ingest to stop and the forwarder to send what

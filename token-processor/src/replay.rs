@@ -303,6 +303,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 0,
+            max_num_seqs: 16,
         }),
         now,
         Instant::now(),

@@ -229,6 +229,7 @@ fn worker_hello(epoch: u64, proposer: &str, draft_kv_bytes: u64) -> WorkerHello 
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
         draft_kv_bytes,
+        max_num_seqs: 16,
     }
 }
 

@@ -46,6 +46,7 @@ impl SimWorker {
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 0,
+            max_num_seqs: 16,
         })
     }
 }

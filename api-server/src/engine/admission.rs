@@ -1,20 +1,32 @@
 //! Admission control: a bound on the engine sequences in flight at this api-server (every choice
-//! of every request: prompts × `n`). A request takes all of its sequences at once or none. Past
-//! the bound it waits a short while for room — in arrival order: the semaphore is fair, so a
-//! large request is not starved by small ones — then is refused with a 429 (TGI's "Model is
-//! overloaded"; the error carries `Retry-After`). A client learns within the wait whether it was
-//! admitted, and an admitted request reaches a worker whose queue has room for it.
+//! of every request: prompts × `n`), shared fairly between clients.
+//!
+//! - **A request holds at most a share of what the server runs at once** (`--max-request-share`,
+//!   a quarter by default, of the live workers' batch slots, or of the bound where it is
+//!   smaller or no worker reported them): a request with more choices than that runs them
+//!   through that many lanes, each starting its next choice when its last one ends
+//!   (`generate`), so one 64-sequence request can fill neither the queue nor every batch.
+//! - **Waiting is fair between clients** (a client is an API key, or the peer address where
+//!   there is none): waiting requests are granted round-robin over clients, each client's in
+//!   arrival order, and a client already holding its share is passed over while another client
+//!   waits. A grant is all or nothing (a request's lanes start together), and the client whose
+//!   turn it is blocks the ones behind it until its grant fits, so a large request is never
+//!   starved by small ones.
+//! - Past the admission wait a request is refused with a 429 (TGI's "Model is overloaded"; the
+//!   error carries `Retry-After`).
 //!
 //! The bound is `--max-sequences-in-flight`, or by default [`QUEUE_FACTOR`] times the sequences
 //! the live workers' KV caches hold at full context (`kv_capacity_tokens / max_model_len` each,
 //! from their hellos): enough waiting work to keep every batch full, little enough that an
 //! admitted request starts within a few batches' time. It follows the workers as they come and
-//! go; it never drops below the largest request one may send ([`Admission::new`]'s floor).
+//! go, never below [`Admission::new`]'s floor; after a shrink, held sequences finish and nothing
+//! new is granted until the books are under the new bound.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::error::ApiError;
 
@@ -24,6 +36,13 @@ pub const MAX_SEQUENCES_PER_REQUEST: usize = 64;
 /// Queue depth of the default bound, in multiples of what the KV caches hold at full context.
 pub const QUEUE_FACTOR: usize = 4;
 
+/// Of the bound, what one request (and, while others wait, one client) may hold by default.
+pub const DEFAULT_REQUEST_SHARE: f64 = 0.25;
+
+/// Most clients with requests waiting at once; past it a new client gets its 429 at once
+/// (waiters are also bounded by the HTTP connection cap; this bounds the books).
+pub const MAX_WAITING_CLIENTS: usize = 16_384;
+
 /// How the bound is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdmissionBound {
@@ -32,32 +51,43 @@ pub enum AdmissionBound {
     Fixed(usize),
 }
 
-/// One admitted sequence; dropping it makes room for the next.
-#[derive(Debug)]
-pub struct Admitted(#[allow(dead_code)] OwnedSemaphorePermit);
+/// Who a request is for fairness: its API key or its peer address. Only compared and hashed,
+/// never logged (it may be a key).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ClientKey(Arc<str>);
 
-#[derive(Debug)]
-pub struct Admission {
-    permits: Arc<Semaphore>,
-    bound: AdmissionBound,
-    /// Permits the semaphore holds in all (held by requests or free), and those still to
-    /// forget after a shrink (held when it happened): the bound in force is their difference.
-    total: Mutex<Total>,
-    floor: usize,
-    wait: Duration,
+impl ClientKey {
+    pub fn new(key: impl Into<Arc<str>>) -> Self {
+        Self(key.into())
+    }
+
+    /// The key of requests whose client is not known (in-process callers).
+    pub fn unknown() -> Self {
+        Self::new("")
+    }
 }
 
-#[derive(Debug, Default)]
-struct Total {
-    given: usize,
-    to_forget: usize,
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientKey(..)")
+    }
 }
 
-/// What a worker's hello says of its capacity, for the default bound.
+/// What a worker's hello says of its capacity.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerCapacity {
     pub kv_capacity_tokens: u32,
     pub max_model_len: u32,
+    pub max_num_seqs: u32,
+}
+
+/// What the live workers hold, for the bound and the shares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// The default bound ([`auto_bound`]); 0 when no worker has reported.
+    pub auto_bound: usize,
+    /// Sequences the workers run at once (their batch slots); 0 when none reported them.
+    pub running: usize,
 }
 
 /// The default bound for these live workers (0 when none has reported yet).
@@ -69,15 +99,224 @@ pub fn auto_bound(workers: impl IntoIterator<Item = WorkerCapacity>) -> usize {
         .sum()
 }
 
+/// The bound and batch slots of these live workers.
+pub fn capacity(workers: &[WorkerCapacity]) -> Capacity {
+    Capacity {
+        auto_bound: auto_bound(workers.iter().copied()),
+        running: workers.iter().map(|w| w.max_num_seqs as usize).sum(),
+    }
+}
+
+/// One admitted sequence; dropping it makes room for the next.
+pub struct Admitted {
+    books: Arc<Mutex<Books>>,
+    client: ClientKey,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admitted")
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let grants = {
+            let mut books = lock(&self.books);
+            books.release(&self.client, 1);
+            books.grant(&self.books)
+        };
+        deliver(grants);
+    }
+}
+
+fn lock(books: &Mutex<Books>) -> std::sync::MutexGuard<'_, Books> {
+    books.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Hands grants to their waiters, outside the lock: a waiter that gave up drops its grant,
+/// and that drop takes the lock again.
+fn deliver(grants: Vec<Grant>) {
+    for (tx, admitted) in grants {
+        let _ = tx.send(admitted);
+    }
+}
+
+type Grant = (oneshot::Sender<Vec<Admitted>>, Vec<Admitted>);
+
+struct Waiter {
+    id: u64,
+    sequences: usize,
+    tx: oneshot::Sender<Vec<Admitted>>,
+}
+
+/// Who holds what and who waits. Every map entry belongs to a client that holds or waits.
+#[derive(Default)]
+struct Books {
+    bound: usize,
+    /// Of one client while another waits (also the most one request holds).
+    client_share: usize,
+    held: usize,
+    held_by: HashMap<ClientKey, usize>,
+    /// Clients with waiting requests, whose turn comes first.
+    turns: VecDeque<ClientKey>,
+    waiting: HashMap<ClientKey, VecDeque<Waiter>>,
+    next_id: u64,
+}
+
+impl Books {
+    fn held_by(&self, client: &ClientKey) -> usize {
+        self.held_by.get(client).copied().unwrap_or(0)
+    }
+
+    fn release(&mut self, client: &ClientKey, sequences: usize) {
+        self.held = self.held.saturating_sub(sequences);
+        if let Some(held) = self.held_by.get_mut(client) {
+            *held = held.saturating_sub(sequences);
+            if *held == 0 {
+                self.held_by.remove(client);
+            }
+        }
+    }
+
+    fn take(&mut self, books: &Arc<Mutex<Books>>, client: &ClientKey, n: usize) -> Vec<Admitted> {
+        self.held += n;
+        *self.held_by.entry(client.clone()).or_default() += n;
+        (0..n)
+            .map(|_| Admitted {
+                books: Arc::clone(books),
+                client: client.clone(),
+            })
+            .collect()
+    }
+
+    /// The client whose turn it is: the first in turn order within its share, or, when every
+    /// waiting client is past it, the first.
+    fn next_turn(&self) -> Option<usize> {
+        let within_share = |c: &ClientKey| {
+            let next = self.waiting.get(c).and_then(|q| q.front());
+            self.held_by(c) + next.map_or(0, |w| w.sequences) <= self.client_share
+        };
+        if self.turns.is_empty() {
+            return None;
+        }
+        Some(self.turns.iter().position(within_share).unwrap_or(0))
+    }
+
+    /// Grants waiting requests while they fit, round-robin over clients.
+    fn grant(&mut self, books: &Arc<Mutex<Books>>) -> Vec<Grant> {
+        let mut grants = Vec::new();
+        while let Some(turn) = self.next_turn() {
+            let client = self.turns[turn].clone();
+            let Some(queue) = self.waiting.get_mut(&client) else {
+                self.turns.remove(turn);
+                continue;
+            };
+            let gave_up = queue.front().is_none_or(|w| w.tx.is_closed());
+            if !gave_up && self.held + queue[0].sequences > self.bound {
+                break;
+            }
+            let waiter = queue.pop_front();
+            let more = !queue.is_empty();
+            self.turns.remove(turn);
+            if more {
+                self.turns.push_back(client.clone());
+            } else {
+                self.waiting.remove(&client);
+            }
+            if let Some(waiter) = waiter.filter(|_| !gave_up) {
+                let admitted = self.take(books, &client, waiter.sequences);
+                grants.push((waiter.tx, admitted));
+            }
+        }
+        grants
+    }
+
+    fn enqueue(&mut self, client: &ClientKey, sequences: usize) -> Option<(u64, WaitRx)> {
+        if !self.waiting.contains_key(client) && self.waiting.len() >= MAX_WAITING_CLIENTS {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.next_id += 1;
+        let id = self.next_id;
+        let queue = self.waiting.entry(client.clone()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(client.clone());
+        }
+        queue.push_back(Waiter { id, sequences, tx });
+        Some((id, rx))
+    }
+
+    /// Takes a waiter out of the queue (it gave up); false when it is no longer there.
+    fn withdraw(&mut self, client: &ClientKey, id: u64) -> bool {
+        let Some(queue) = self.waiting.get_mut(client) else {
+            return false;
+        };
+        let before = queue.len();
+        queue.retain(|w| w.id != id);
+        let found = queue.len() < before;
+        if queue.is_empty() {
+            self.waiting.remove(client);
+            self.turns.retain(|c| c != client);
+        }
+        found
+    }
+}
+
+type WaitRx = oneshot::Receiver<Vec<Admitted>>;
+
+/// Withdraws a waiter whose request stopped waiting (timed out, or its client went away).
+struct WaitGuard<'a> {
+    books: &'a Arc<Mutex<Books>>,
+    client: &'a ClientKey,
+    id: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        let grants = {
+            let mut books = lock(self.books);
+            books.withdraw(self.client, self.id);
+            // Its turn may have blocked the ones behind it.
+            books.grant(self.books)
+        };
+        deliver(grants);
+    }
+}
+
+#[derive(Debug)]
+pub struct Admission {
+    books: Arc<Mutex<Books>>,
+    bound: AdmissionBound,
+    floor: usize,
+    share: f64,
+    wait: Duration,
+}
+
+impl std::fmt::Debug for Books {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Books")
+            .field("bound", &self.bound)
+            .field("held", &self.held)
+            .field("waiting_clients", &self.waiting.len())
+            .finish()
+    }
+}
+
 impl Admission {
-    /// `floor`: the most sequences one request may carry; a bound below it is raised to it so
-    /// that every valid request can be admitted once the server is idle.
-    pub fn new(bound: AdmissionBound, floor: usize, wait: Duration) -> Self {
+    /// `floor`: a bound below it is raised to it. `share`: of the bound, what one request holds
+    /// at most (and one client while others wait); clamped to (0, 1].
+    pub fn new(bound: AdmissionBound, floor: usize, share: f64, wait: Duration) -> Self {
+        let share = if share.is_finite() && share > 0.0 {
+            share.min(1.0)
+        } else {
+            DEFAULT_REQUEST_SHARE
+        };
         Self {
-            permits: Arc::new(Semaphore::new(0)),
+            books: Arc::new(Mutex::new(Books::default())),
             bound,
-            total: Mutex::new(Total::default()),
             floor: floor.max(1),
+            share,
             wait,
         }
     }
@@ -92,71 +331,83 @@ impl Admission {
         }
     }
 
+    /// The most sequences one request holds at once under `bound` on workers that run
+    /// `running` at once (0: unknown).
+    pub fn request_cap(&self, bound: usize, running: usize) -> usize {
+        let base = match running {
+            0 => bound,
+            running => running.min(bound),
+        };
+        ((base as f64 * self.share).floor() as usize).clamp(1, bound.max(1))
+    }
+
     /// Sequences admitted and not yet finished.
     pub fn in_flight(&self) -> usize {
-        let total = self.lock();
-        total.given.saturating_sub(self.permits.available_permits())
+        lock(&self.books).held
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Total> {
-        self.total.lock().unwrap_or_else(|e| e.into_inner())
+    /// Clients with a request waiting for room.
+    pub fn waiting_clients(&self) -> usize {
+        lock(&self.books).waiting.len()
     }
 
-    /// Brings the semaphore's permits to `bound`: grows at once; shrinks by what is free now
-    /// and the rest as admitted sequences finish.
-    fn resize(&self, bound: usize) {
-        let mut total = self.lock();
-        if total.to_forget > 0 {
-            let forgot = self.permits.forget_permits(total.to_forget);
-            total.to_forget -= forgot;
-            total.given -= forgot;
-        }
-        let target = total.given - total.to_forget;
-        if bound > target {
-            let grow = bound - target;
-            let repaid = grow.min(total.to_forget);
-            total.to_forget -= repaid;
-            self.permits.add_permits(grow - repaid);
-            total.given += grow - repaid;
-        } else if bound < target {
-            let shrink = target - bound;
-            let forgot = self.permits.forget_permits(shrink);
-            total.given -= forgot;
-            total.to_forget += shrink - forgot;
-        }
-    }
-
-    /// Admits `sequences` at once, waiting up to the configured wait for room; past it a 429.
-    /// `auto` is the default bound from the workers now (see [`Admission::bound`]). With no
-    /// bound yet (no worker reported) the request goes on unbounded: it gets its 503 from
+    /// Admits up to `sequences` for `client`, all at once: as many as one request may hold
+    /// ([`Admission::request_cap`]); the request runs its choices through them. Waits up to the
+    /// configured wait for its turn, then a 429. `workers` is what the live workers report now.
+    /// With no bound yet (no worker reported) nothing is held: the request gets its 503 from
     /// routing instead of a misleading 429.
-    pub async fn admit(&self, sequences: usize, auto: usize) -> Result<Vec<Admitted>, ApiError> {
-        let Some(bound) = self.bound(auto) else {
+    pub async fn admit(
+        &self,
+        sequences: usize,
+        client: &ClientKey,
+        workers: Capacity,
+    ) -> Result<Vec<Admitted>, ApiError> {
+        let Some(bound) = self.bound(workers.auto_bound) else {
             return Ok(Vec::new());
         };
-        self.resize(bound);
-        let n = u32::try_from(sequences.min(bound)).unwrap_or(u32::MAX);
-        let acquire = Arc::clone(&self.permits).acquire_many_owned(n);
-        let mut permit = match tokio::time::timeout(self.wait, acquire).await {
-            Ok(Ok(permit)) => permit,
-            Ok(Err(_closed)) => return Err(ApiError::unavailable("the server is shutting down")),
-            Err(_) => {
-                return Err(ApiError::Overloaded {
-                    message: format!(
-                        "Model is overloaded: {} of {bound} sequences in flight; retry later",
-                        self.in_flight()
-                    ),
-                })
+        let cap = self.request_cap(bound, workers.running);
+        let n = sequences.clamp(1, cap);
+        let (id, rx, grants) = {
+            let mut books = lock(&self.books);
+            books.bound = bound;
+            books.client_share = cap;
+            let grants = books.grant(&self.books);
+            if books.waiting.is_empty() && books.held + n <= bound {
+                let admitted = books.take(&self.books, client, n);
+                drop(books);
+                deliver(grants);
+                return Ok(admitted);
+            }
+            match books.enqueue(client, n) {
+                Some((id, rx)) => (id, rx, grants),
+                None => {
+                    drop(books);
+                    deliver(grants);
+                    return Err(self.overloaded(bound));
+                }
             }
         };
-        let mut admitted = Vec::with_capacity(sequences);
-        while permit.num_permits() > 1 {
-            if let Some(one) = permit.split(1) {
-                admitted.push(Admitted(one));
-            }
+        deliver(grants);
+        let guard = WaitGuard {
+            books: &self.books,
+            client,
+            id,
+        };
+        let outcome = tokio::time::timeout(self.wait, rx).await;
+        drop(guard);
+        match outcome {
+            Ok(Ok(admitted)) => Ok(admitted),
+            Ok(Err(_)) | Err(_) => Err(self.overloaded(bound)),
         }
-        admitted.push(Admitted(permit));
-        Ok(admitted)
+    }
+
+    fn overloaded(&self, bound: usize) -> ApiError {
+        ApiError::Overloaded {
+            message: format!(
+                "Model is overloaded: {} of {bound} sequences in flight; retry later",
+                self.in_flight()
+            ),
+        }
     }
 }
 
@@ -170,12 +421,37 @@ mod tests {
         matches!(r, Err(ApiError::Overloaded { .. }))
     }
 
+    /// Workers that report `bound` as the default bound and no batch slots.
+    fn cap(auto_bound: usize) -> Capacity {
+        Capacity {
+            auto_bound,
+            running: 0,
+        }
+    }
+
+    fn client(name: &str) -> ClientKey {
+        ClientKey::new(name)
+    }
+
+    /// Admission with the whole bound open to one request (the share rules are tested apart).
+    fn whole(bound: AdmissionBound, floor: usize, wait: Duration) -> Admission {
+        Admission::new(bound, floor, 1.0, wait)
+    }
+
     #[test]
     fn the_default_bound_is_four_full_contexts_per_worker() {
         let w = |kv, len| WorkerCapacity {
             kv_capacity_tokens: kv,
             max_model_len: len,
+            max_num_seqs: 16,
         };
+        assert_eq!(
+            capacity(&[w(32_768, 2048), w(0, 0)]),
+            Capacity {
+                auto_bound: 64,
+                running: 32
+            }
+        );
         assert_eq!(auto_bound([w(32_768, 2048)]), 64);
         assert_eq!(auto_bound([w(32_768, 2048), w(8192, 2048)]), 64 + 16);
         // A cache smaller than one context still admits a queue's worth; unreported ones none.
@@ -185,12 +461,13 @@ mod tests {
 
     #[tokio::test]
     async fn admits_up_to_the_bound_then_refuses_after_the_wait() {
-        let a = Admission::new(AdmissionBound::Fixed(4), 2, WAIT);
-        let first = a.admit(3, 0).await.unwrap();
+        let a = whole(AdmissionBound::Fixed(4), 2, WAIT);
+        let me = client("a");
+        let first = a.admit(3, &me, cap(0)).await.unwrap();
         assert_eq!(first.len(), 3);
         assert_eq!(a.in_flight(), 3);
         let started = tokio::time::Instant::now();
-        let refused = a.admit(2, 0).await;
+        let refused = a.admit(2, &me, cap(0)).await;
         assert!(overloaded(&refused), "{refused:?}");
         assert!(started.elapsed() >= WAIT);
         let Err(ApiError::Overloaded { message }) = refused else {
@@ -198,25 +475,22 @@ mod tests {
         };
         assert!(message.contains("3 of 4"), "{message}");
         // All or nothing: the one free sequence was not taken by the refused request.
-        let one = a.admit(1, 0).await.unwrap();
+        let one = a.admit(1, &me, cap(0)).await.unwrap();
         assert_eq!(a.in_flight(), 4);
         drop(first);
         drop(one);
         assert_eq!(a.in_flight(), 0);
-        assert_eq!(a.admit(4, 0).await.unwrap().len(), 4);
+        assert_eq!(a.admit(4, &me, cap(0)).await.unwrap().len(), 4);
+        assert_eq!(a.waiting_clients(), 0);
     }
 
     #[tokio::test]
     async fn a_waiting_request_is_admitted_when_room_frees_within_the_wait() {
-        let a = Arc::new(Admission::new(
-            AdmissionBound::Fixed(2),
-            1,
-            Duration::from_secs(5),
-        ));
-        let mut held = a.admit(2, 0).await.unwrap();
+        let a = Arc::new(whole(AdmissionBound::Fixed(2), 1, Duration::from_secs(5)));
+        let mut held = a.admit(2, &client("a"), cap(0)).await.unwrap();
         let waiter = tokio::spawn({
             let a = Arc::clone(&a);
-            async move { a.admit(1, 0).await.map(|v| v.len()) }
+            async move { a.admit(1, &client("b"), cap(0)).await.map(|v| v.len()) }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
@@ -226,29 +500,136 @@ mod tests {
 
     #[tokio::test]
     async fn the_automatic_bound_follows_the_workers_and_has_a_floor() {
-        let a = Admission::new(AdmissionBound::Auto, 8, WAIT);
+        let a = whole(AdmissionBound::Auto, 8, WAIT);
+        let me = client("a");
         // No worker reported: no bound here (routing answers 503).
         assert_eq!(a.bound(0), None);
-        assert!(a.admit(100, 0).await.unwrap().is_empty());
+        assert!(a.admit(100, &me, cap(0)).await.unwrap().is_empty());
         assert_eq!(a.bound(4), Some(8), "raised to the floor");
-        let held = a.admit(8, 64).await.unwrap();
+        let held = a.admit(8, &me, cap(64)).await.unwrap();
         assert_eq!(held.len(), 8);
         // The workers shrink to a bound of 8 while 8 are held: nothing more until they end.
-        assert!(overloaded(&a.admit(1, 8).await));
+        assert!(overloaded(&a.admit(1, &me, cap(8)).await));
         drop(held);
-        let held = a.admit(8, 8).await.unwrap();
+        let held = a.admit(8, &me, cap(8)).await.unwrap();
         assert_eq!(held.len(), 8);
-        assert!(overloaded(&a.admit(1, 8).await));
+        assert!(overloaded(&a.admit(1, &me, cap(8)).await));
         drop(held);
         // They grow again.
-        assert_eq!(a.admit(16, 64).await.unwrap().len(), 16);
+        assert_eq!(a.admit(16, &me, cap(64)).await.unwrap().len(), 16);
     }
 
-    /// Seeded random admits, releases and bound changes: never more in flight than the bound
-    /// in force when each was admitted allows, and the books balance at the end.
+    #[tokio::test]
+    async fn one_request_holds_at_most_its_share_of_the_bound() {
+        let a = Admission::new(AdmissionBound::Fixed(64), 1, DEFAULT_REQUEST_SHARE, WAIT);
+        assert_eq!(a.request_cap(64, 0), 16);
+        assert_eq!(a.request_cap(2, 0), 1, "at least one");
+        assert_eq!(a.request_cap(64, 16), 4, "a quarter of the batch slots");
+        assert_eq!(a.request_cap(8, 16), 2, "of the bound where it is smaller");
+        let big = a.admit(64, &client("big"), cap(0)).await.unwrap();
+        assert_eq!(big.len(), 16, "64 choices run through 16 lanes");
+        // Everyone else still finds 48 free at once.
+        let mut others = Vec::new();
+        for i in 0..48 {
+            others.extend(a.admit(1, &client(&format!("c{i}")), cap(0)).await.unwrap());
+        }
+        assert_eq!(a.in_flight(), 64);
+        assert!(overloaded(&a.admit(1, &client("late"), cap(0)).await));
+    }
+
+    /// Client "hog" queues many requests before "newcomer" queues one: as room frees, the
+    /// newcomer is served on the second grant, not after all of the hog's.
+    #[tokio::test]
+    async fn waiting_clients_take_turns() {
+        let a = Arc::new(whole(AdmissionBound::Fixed(1), 1, Duration::from_secs(5)));
+        let mut held = Some(a.admit(1, &client("x"), cap(0)).await.unwrap());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        let spawn = |name: &'static str, tag: usize| {
+            let (a, order) = (Arc::clone(&a), Arc::clone(&order));
+            tokio::spawn(async move {
+                let permit = a.admit(1, &client(name), cap(0)).await.unwrap();
+                order.lock().unwrap().push((name, tag));
+                tokio::task::yield_now().await;
+                drop(permit);
+            })
+        };
+        for tag in 0..4 {
+            tasks.push(spawn("hog", tag));
+            tokio::task::yield_now().await;
+        }
+        tasks.push(spawn("newcomer", 0));
+        tokio::task::yield_now().await;
+        assert_eq!(a.waiting_clients(), 2);
+        held.take();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        assert_eq!(order[0], ("hog", 0));
+        assert_eq!(order[1], ("newcomer", 0), "{order:?}");
+        assert_eq!(&order[2..], &[("hog", 1), ("hog", 2), ("hog", 3)]);
+    }
+
+    /// A client past its share is passed over while another waits, but not when it is alone.
+    #[tokio::test]
+    async fn a_client_past_its_share_yields_to_others() {
+        let a = Arc::new(Admission::new(
+            AdmissionBound::Fixed(8),
+            1,
+            0.25,
+            Duration::from_secs(5),
+        ));
+        let hog = client("hog");
+        // Alone, the hog may fill the bound two at a time.
+        let mut held: Vec<_> = Vec::new();
+        for _ in 0..4 {
+            held.extend(a.admit(2, &hog, cap(0)).await.unwrap());
+        }
+        assert_eq!(a.in_flight(), 8);
+        let hog_waits = tokio::spawn({
+            let a = Arc::clone(&a);
+            async move { a.admit(2, &client("hog"), cap(0)).await.map(|v| v.len()) }
+        });
+        tokio::task::yield_now().await;
+        let other = tokio::spawn({
+            let a = Arc::clone(&a);
+            async move { a.admit(2, &client("other"), cap(0)).await }
+        });
+        tokio::task::yield_now().await;
+        held.truncate(6); // two free: the hog was first, but holds more than its share
+        let other_holds = other.await.unwrap().unwrap();
+        assert_eq!(other_holds.len(), 2);
+        tokio::task::yield_now().await;
+        assert!(!hog_waits.is_finished());
+        held.truncate(4);
+        assert_eq!(hog_waits.await.unwrap().unwrap(), 2);
+    }
+
+    /// A waiter whose client went away (its future dropped) leaves no trace and no permits.
+    #[tokio::test]
+    async fn an_abandoned_wait_is_withdrawn() {
+        let a = Arc::new(whole(AdmissionBound::Fixed(1), 1, Duration::from_secs(5)));
+        let held = a.admit(1, &client("a"), cap(0)).await.unwrap();
+        let waiter = tokio::spawn({
+            let a = Arc::clone(&a);
+            async move { a.admit(1, &client("b"), cap(0)).await.map(|v| v.len()) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(a.waiting_clients(), 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(a.waiting_clients(), 0);
+        drop(held);
+        assert_eq!(a.in_flight(), 0);
+        assert_eq!(a.admit(1, &client("c"), cap(0)).await.unwrap().len(), 1);
+    }
+
+    /// Seeded random admits (several clients, some giving up at once), releases and bound
+    /// changes: never more held than the bound allowed at each admit, and the books balance.
     #[tokio::test]
     async fn random_admits_and_resizes_keep_the_books() {
-        let a = Admission::new(AdmissionBound::Auto, 1, Duration::from_millis(1));
+        let a = Admission::new(AdmissionBound::Auto, 1, 0.5, Duration::from_millis(1));
         let mut state = 0x5eed_u64;
         let mut rand = move |n: u64| {
             state ^= state << 13;
@@ -259,9 +640,11 @@ mod tests {
         let mut held: Vec<Admitted> = Vec::new();
         for _ in 0..2000 {
             let bound = 1 + rand(40) as usize;
+            let who = client(&format!("c{}", rand(5)));
             match rand(3) {
                 0 => {
-                    if let Ok(mut got) = a.admit(1 + rand(4) as usize, bound).await {
+                    if let Ok(mut got) = a.admit(1 + rand(8) as usize, &who, cap(bound)).await {
+                        assert!(got.len() <= a.request_cap(bound, 0));
                         held.append(&mut got);
                         assert!(held.len() <= bound.max(40), "{} > {bound}", held.len());
                     }
@@ -273,11 +656,17 @@ mod tests {
                         }
                     }
                 }
-                _ => a.resize(bound),
+                _ => {
+                    // Gives up at once: a cancelled wait.
+                    let attempt = a.admit(1 + rand(4) as usize, &who, cap(bound));
+                    futures::FutureExt::now_or_never(attempt);
+                }
             }
             assert_eq!(a.in_flight(), held.len());
+            assert_eq!(a.waiting_clients(), 0);
         }
         held.clear();
         assert_eq!(a.in_flight(), 0);
+        assert!(lock(&a.books).held_by.is_empty());
     }
 }

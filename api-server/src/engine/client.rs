@@ -11,7 +11,7 @@ use proto::{FinishReason, RequestId};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::admission::Admitted;
+use super::admission::{Admitted, ClientKey};
 use super::peers::least_loaded;
 use super::registry::REQUEST_CHANNEL_CAPACITY;
 use super::shared::{lock, Shared};
@@ -103,11 +103,12 @@ impl EngineClient {
 impl Engine for EngineClient {
     type Request = RequestHandle;
 
-    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
-    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
-    async fn admit(&self, sequences: usize) -> Result<Vec<Admitted>, ApiError> {
-        let auto = self.shared.auto_admission_bound();
-        self.shared.admission.admit(sequences, auto).await
+    async fn admit(&self, sequences: usize, client: &ClientKey) -> Result<Vec<Admitted>, ApiError> {
+        let workers = self.shared.worker_capacity();
+        self.shared
+            .admission
+            .admit(sequences, client, workers)
+            .await
     }
 
     /// Sends one engine request to the least-loaded live worker.
@@ -204,9 +205,14 @@ impl Engine for EngineClient {
             .collect();
         drop(tp);
         // Locks tp and workers itself: taken before the expression below holds tp's lock.
+        let admission = &self.shared.admission;
+        let capacity = self.shared.worker_capacity();
+        let bound = admission.bound(capacity.auto_bound);
         let admission = serde_json::json!({
-            "sequences_in_flight": self.shared.admission.in_flight(),
-            "bound": self.shared.admission.bound(self.shared.auto_admission_bound()),
+            "sequences_in_flight": admission.in_flight(),
+            "bound": bound,
+            "per_request": bound.map(|b| admission.request_cap(b, capacity.running)),
+            "waiting_clients": admission.waiting_clients(),
         });
         serde_json::json!({
             "in_flight": self.in_flight(),

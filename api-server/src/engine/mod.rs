@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use link::Liveness;
 
-use admission::{AdmissionBound, Admitted};
+use admission::{AdmissionBound, Admitted, ClientKey};
 
 use proto::api_worker::{RejectReason, SamplingParams, StopConditions};
 use proto::tp_api::Usage as EngineUsage;
@@ -33,11 +33,14 @@ pub use client::{EngineClient, RequestHandle};
 pub trait Engine: Clone + Send + Sync + 'static {
     type Request: EngineRequest;
 
-    /// Admits `sequences` engine sequences (one request's choices) under the admission bound,
-    /// waiting briefly for room; a 429 past that. Each [`Admitted`] is held by one choice.
+    /// Admits one request of `sequences` engine sequences (its choices) from `client` under the
+    /// admission bound, waiting briefly for its turn; a 429 past that. Each [`Admitted`] is one
+    /// lane: the request holds at most its share of the bound and runs its choices through
+    /// them (empty: no bound yet, every choice at once).
     fn admit(
         &self,
         sequences: usize,
+        client: &ClientKey,
     ) -> impl Future<Output = Result<Vec<Admitted>, ApiError>> + Send;
 
     /// Starts one engine request; dropping the returned request before its end aborts it.
@@ -89,6 +92,8 @@ pub struct EngineConfig {
     /// `admission_wait`, then gets a 429.
     pub admission: AdmissionBound,
     pub admission_wait: Duration,
+    /// Of the bound, what one request holds at most (and one client while others wait).
+    pub request_share: f64,
     /// The most sequences (prompts × n) one request may carry: the admission bound's floor.
     pub max_sequences_per_request: usize,
     /// Proven to peers that require it, right after each connect (`link::auth`).
@@ -113,6 +118,7 @@ impl EngineConfig {
             max_in_flight: 4096,
             admission: AdmissionBound::Auto,
             admission_wait: DEFAULT_ADMISSION_WAIT,
+            request_share: admission::DEFAULT_REQUEST_SHARE,
             max_sequences_per_request: admission::MAX_SEQUENCES_PER_REQUEST,
             link_secret: None,
         }

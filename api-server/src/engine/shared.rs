@@ -14,7 +14,7 @@ use proto::tp_api::TpToApi;
 use proto::RequestId;
 use tokio::sync::mpsc;
 
-use super::admission::{auto_bound, Admission, WorkerCapacity};
+use super::admission::{capacity, Admission, Capacity, WorkerCapacity};
 use super::ids::IdAllocator;
 use super::peers::{servable, TpPeer, WorkerPeer};
 use super::registry::{Dispatch, Registry};
@@ -85,6 +85,7 @@ impl Shared {
             admission: Admission::new(
                 config.admission,
                 config.max_sequences_per_request,
+                config.request_share,
                 config.admission_wait,
             ),
             sweeper: Mutex::new(Sweeper::new(config.liveness)),
@@ -95,20 +96,22 @@ impl Shared {
         }
     }
 
-    /// The default admission bound from the servable workers' hellos.
-    pub fn auto_admission_bound(&self) -> usize {
+    /// What the servable workers' hellos say they hold: the default admission bound and
+    /// their batch slots.
+    pub fn worker_capacity(&self) -> Capacity {
         let tp = lock(&self.tp);
         let workers = lock(&self.workers);
-        auto_bound(
-            workers
-                .iter()
-                .filter(|w| servable(w, &tp))
-                .filter_map(|w| w.hello.as_ref())
-                .map(|h| WorkerCapacity {
-                    kv_capacity_tokens: h.kv_capacity_tokens,
-                    max_model_len: h.max_model_len,
-                }),
-        )
+        let reported: Vec<WorkerCapacity> = workers
+            .iter()
+            .filter(|w| servable(w, &tp))
+            .filter_map(|w| w.hello.as_ref())
+            .map(|h| WorkerCapacity {
+                kv_capacity_tokens: h.kv_capacity_tokens,
+                max_model_len: h.max_model_len,
+                max_num_seqs: h.max_num_seqs,
+            })
+            .collect();
+        capacity(&reported)
     }
 
     pub fn send_abort(&self, worker: usize, id: RequestId) {

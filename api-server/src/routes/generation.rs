@@ -15,9 +15,10 @@ use serde::Serialize;
 
 use super::AppState;
 use crate::body::{read_json, Parsed};
-use crate::engine::{Engine, EngineRequest};
+use crate::engine::admission::ClientKey;
+use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, ChoiceRun};
+use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, Lane};
 use crate::model::ModelAssets;
 use crate::openai::responses::{response_id, unix_now, Chunk, Usage, UsageField, WholeResponse};
 use crate::openai::validate::{check_model, GenerateSpec, Limits};
@@ -53,6 +54,7 @@ pub trait Flavour: Send + Sync + 'static {
 /// The handler of a generation route; the router names its [`Flavour`].
 pub async fn handle<E: Engine, F: Flavour>(
     State(state): State<AppState<E>>,
+    client: ClientKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -64,7 +66,14 @@ pub async fn handle<E: Engine, F: Flavour>(
         .run(heavy, move || F::spec(req, &assets, &limits))
         .await?;
     let tokenizer = &state.model.tokenizer;
-    let runs = start_choices(&state.engine, tokenizer, &spec, state.request_timeout).await?;
+    let lanes = start_choices(
+        &state.engine,
+        tokenizer,
+        &spec,
+        state.request_timeout,
+        &client,
+    )
+    .await?;
     let head = Head {
         id: response_id(F::ID_PREFIX),
         created: unix_now(),
@@ -77,10 +86,16 @@ pub async fn handle<E: Engine, F: Flavour>(
             usage: UsageField::for_stream_chunks(spec.include_usage),
             flavour: PhantomData,
         };
-        let runs = first_updates(runs, FIRST_UPDATE_PATIENCE).await?;
-        return Ok(sse_response(runs, chunks, spec.include_usage, spec.n));
+        let lanes = first_updates(lanes, FIRST_UPDATE_PATIENCE).await?;
+        return Ok(sse_response(
+            lanes,
+            chunks,
+            spec.include_usage,
+            spec.n,
+            state.stream_write_timeout,
+        ));
     }
-    answer_whole::<F, _>(runs, head, spec.n).await
+    answer_whole::<F, _>(lanes, head, spec.n).await
 }
 
 /// What every chunk and response of one request carries.
@@ -91,12 +106,12 @@ struct Head {
 }
 
 /// Runs every choice to its end and answers with all of them.
-async fn answer_whole<F: Flavour, R: EngineRequest>(
-    runs: Vec<ChoiceRun<R>>,
+async fn answer_whole<F: Flavour, E: Engine>(
+    lanes: Vec<Lane<E>>,
     head: Head,
     n: u32,
 ) -> Result<Response, ApiError> {
-    let mut results = collect_all(runs).await?;
+    let mut results = collect_all(lanes).await?;
     let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
     let usage = total_usage(&ends, n);
     results.sort_by_key(|(_, end)| end.index);

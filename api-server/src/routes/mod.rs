@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::memory::{track_activity, IdleTrim};
 use crate::model::ModelAssets;
 use crate::openai::validate::Limits;
+use crate::origin::{check_origin, AllowedOrigins};
 
 /// Everything a handler needs; cheap to clone. `E` is the engine: the ZeroMQ client in the
 /// product, an in-process fake in route tests.
@@ -37,6 +38,10 @@ pub struct AppState<E = EngineClient> {
     pub limits: Arc<Limits>,
     pub engine: E,
     pub request_timeout: Duration,
+    /// Web origins whose pages may call the API (`--allowed-origins`).
+    pub allowed_origins: AllowedOrigins,
+    /// A stream whose client reads nothing for this long is dropped and its sequences freed.
+    pub stream_write_timeout: Duration,
     /// How request bodies are read: size, deadline, heavy ones off the runtime.
     pub body: BodyLimits,
     pub started_unix: u64,
@@ -96,6 +101,11 @@ pub fn router<E: Engine>(state: AppState<E>, api_key: ApiKey) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             api_key,
             require_api_key,
+        ))
+        // Outermost: a page from a foreign origin is refused before anything else runs.
+        .layer(axum::middleware::from_fn_with_state(
+            state.allowed_origins.clone(),
+            check_origin,
         ))
         .with_state(state)
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api_server::auth::ApiKey;
-use api_server::engine::admission::{Admission, AdmissionBound, Admitted};
+use api_server::engine::admission::{Admission, AdmissionBound, Admitted, Capacity, ClientKey};
 use api_server::engine::{Engine, EngineEvent, EngineRequest, SubmitRequest};
 use api_server::error::ApiError;
 use api_server::routes::router;
@@ -30,12 +30,17 @@ struct Inner {
 }
 
 impl ScriptedEngine {
-    /// Admits at most `bound` sequences at once.
+    /// Admits at most `bound` sequences at once, all of them to one request if it asks.
     pub fn new(script: Vec<EngineEvent>, bound: usize) -> Self {
+        Self::with_share(script, bound, 1.0)
+    }
+
+    /// Admits at most `bound` sequences at once, `share` of them to one request.
+    pub fn with_share(script: Vec<EngineEvent>, bound: usize, share: f64) -> Self {
         Self {
             inner: Arc::new(Inner {
                 script,
-                admission: Admission::new(AdmissionBound::Fixed(bound), 1, ADMISSION_WAIT),
+                admission: Admission::new(AdmissionBound::Fixed(bound), 1, share, ADMISSION_WAIT),
                 submitted: Mutex::default(),
                 live: AtomicUsize::new(0),
                 abandoned: AtomicUsize::new(0),
@@ -53,18 +58,30 @@ impl ScriptedEngine {
 
     /// The api-server's router over this engine.
     pub fn router(&self) -> axum::Router {
-        router(
-            super::state(self.clone(), Duration::from_secs(10)),
-            ApiKey(None),
-        )
+        self.router_with_write_timeout(Duration::from_secs(30))
+    }
+
+    /// The router, dropping streams whose client reads nothing for `write_timeout`.
+    pub fn router_with_write_timeout(&self, write_timeout: Duration) -> axum::Router {
+        let mut state = super::state(self.clone(), Duration::from_secs(10));
+        state.stream_write_timeout = write_timeout;
+        router(state, ApiKey(None))
+    }
+
+    /// Sequences admitted now.
+    pub fn admitted(&self) -> usize {
+        self.inner.admission.in_flight()
     }
 }
 
 impl Engine for ScriptedEngine {
     type Request = ScriptedRequest;
 
-    async fn admit(&self, sequences: usize) -> Result<Vec<Admitted>, ApiError> {
-        self.inner.admission.admit(sequences, 0).await
+    async fn admit(&self, sequences: usize, client: &ClientKey) -> Result<Vec<Admitted>, ApiError> {
+        self.inner
+            .admission
+            .admit(sequences, client, Capacity::default())
+            .await
     }
 
     fn submit(&self, request: SubmitRequest) -> Result<ScriptedRequest, ApiError> {

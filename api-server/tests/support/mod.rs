@@ -73,6 +73,8 @@ pub fn state<E>(engine: E, timeout: Duration) -> AppState<E> {
         limits: Arc::new(Limits::new(8192)),
         engine,
         request_timeout: timeout,
+        stream_write_timeout: Duration::from_secs(30),
+        allowed_origins: Default::default(),
         body: api_server::body::BodyLimits::new(64 * 1024, Duration::from_secs(5), 2),
         started_unix: 0,
         idle_trim: Default::default(),
@@ -269,6 +271,7 @@ async fn run_worker(
                                                         max_model_len: 2048,
                                                         kv_capacity_tokens: 32_768,
                                                         draft_kv_bytes: 0,
+                                                        max_num_seqs: 16,
         });
                                 let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
                                 api = Some(identity);

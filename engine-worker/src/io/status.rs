@@ -19,6 +19,7 @@ pub struct WorkerStatus {
     kv_capacity_tokens: AtomicU32,
     /// Bytes of the draft model's own KV cache; 0 when the proposer keeps none.
     draft_kv_bytes: AtomicU64,
+    max_num_seqs: AtomicU32,
     ready: AtomicBool,
     draining: AtomicBool,
     next_seq: AtomicU64,
@@ -56,6 +57,7 @@ impl WorkerStatus {
             max_model_len: AtomicU32::new(0),
             kv_capacity_tokens: AtomicU32::new(0),
             draft_kv_bytes: AtomicU64::new(0),
+            max_num_seqs: AtomicU32::new(0),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
@@ -72,9 +74,19 @@ impl WorkerStatus {
         }
     }
 
-    /// The model is loaded: hellos say ready, and state the context length and the KV cache's
-    /// size, from now on.
-    pub fn set_ready(&self, model: String, max_model_len: usize, kv_capacity_tokens: usize) {
+    /// The model is loaded: hellos say ready, and state the context length, the KV cache's
+    /// size and the batch's, from now on.
+    pub fn set_ready(
+        &self,
+        model: String,
+        max_model_len: usize,
+        kv_capacity_tokens: usize,
+        max_num_seqs: usize,
+    ) {
+        self.max_num_seqs.store(
+            u32::try_from(max_num_seqs).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
         *self.model.write().unwrap_or_else(|e| e.into_inner()) = model;
         self.max_model_len.store(
             u32::try_from(max_model_len).unwrap_or(u32::MAX),
@@ -166,6 +178,7 @@ impl WorkerStatus {
             max_model_len: self.max_model_len.load(Ordering::SeqCst),
             kv_capacity_tokens: self.kv_capacity_tokens.load(Ordering::SeqCst),
             draft_kv_bytes: self.draft_kv_bytes.load(Ordering::SeqCst),
+            max_num_seqs: self.max_num_seqs.load(Ordering::SeqCst),
         }
     }
 

@@ -276,7 +276,7 @@ mod tests {
 
     fn status() -> WorkerStatus {
         let s = WorkerStatus::new("w".into(), 1, "m".into(), 4, "ngram".into(), 100);
-        s.set_ready("m".into(), 2048, 32_768);
+        s.set_ready("m".into(), 2048, 32_768, 16);
         s
     }
 

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
@@ -22,9 +22,17 @@ use crate::LinkError;
 /// Shortest secret accepted: 128 bits.
 pub const MIN_SECRET_BYTES: usize = 16;
 
-/// Connections a gate remembers (admitted or challenged); past it the oldest is forgotten
-/// (a forgotten live peer proves itself again when it reconnects).
-pub const GATE_MEMORY: usize = 4096;
+/// Admitted connections a gate remembers; past it the one silent longest is forgotten (a live
+/// peer heartbeats, so only dead connections are; a forgotten one proves itself again when it
+/// reconnects). Never made room for by an unproven connection.
+pub const ADMITTED_MEMORY: usize = 4096;
+
+/// Connections challenged and not yet proven that a gate remembers at once; past it the oldest
+/// challenge is forgotten. Unproven connections take nothing from admitted ones.
+pub const UNPROVEN_MEMORY: usize = 1024;
+
+/// How long a challenge stays open: a connector answers within [`PROVE_TIMEOUT`].
+pub const UNPROVEN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest frame of the exchange (a proof is about 45 bytes).
 const MAX_AUTH_FRAME: usize = 128;
@@ -126,26 +134,37 @@ pub enum Verdict {
     Drop,
 }
 
-/// The binding side's filter: which connections (routing ids) proved the secret.
+/// The binding side's filter: which connections (routing ids) proved the secret. Admitted and
+/// unproven connections are kept apart, each bounded on its own, so no number of strangers
+/// that only say `Begin` can push out a peer that proved itself.
 #[derive(Debug)]
 pub struct Gate {
     secret: Option<Secret>,
-    /// Routing id → the nonce sent to it (None once admitted).
-    peers: HashMap<Bytes, Option<Vec<u8>>>,
-    order: VecDeque<Bytes>,
+    /// Routing id → when it was last heard.
+    admitted: HashMap<Bytes, Instant>,
+    /// Routing id → the nonce sent to it and when.
+    challenged: HashMap<Bytes, (Vec<u8>, Instant)>,
+    /// Challenged ids, oldest first (an id already proven or dropped is skipped).
+    challenge_order: VecDeque<Bytes>,
 }
 
 impl Gate {
     pub fn new(secret: Option<Secret>) -> Self {
         Self {
             secret,
-            peers: HashMap::new(),
-            order: VecDeque::new(),
+            admitted: HashMap::new(),
+            challenged: HashMap::new(),
+            challenge_order: VecDeque::new(),
         }
     }
 
     /// Judges one frame from `routing_id`.
     pub fn check(&mut self, routing_id: &Bytes, frame: &[u8]) -> Verdict {
+        self.check_at(routing_id, frame, Instant::now())
+    }
+
+    /// [`Gate::check`] at `now`.
+    pub fn check_at(&mut self, routing_id: &Bytes, frame: &[u8], now: Instant) -> Verdict {
         // The exchange's frames are a few dozen bytes; protocol frames are not even tried.
         let auth = |frame: &[u8]| {
             (frame.len() <= MAX_AUTH_FRAME)
@@ -159,23 +178,26 @@ impl Gate {
                 _ => Verdict::Pass,
             };
         };
-        if let Some(None) = self.peers.get(routing_id) {
+        if let Some(heard) = self.admitted.get_mut(routing_id) {
+            *heard = now;
             return Verdict::Pass;
         }
         match auth(frame) {
             Some(LinkAuth::Begin) => {
                 let nonce: Vec<u8> = (0..NONCE_BYTES).map(|_| rand::random::<u8>()).collect();
-                self.remember(routing_id, Some(nonce.clone()));
+                self.challenge(routing_id, nonce.clone(), now);
                 Verdict::Reply(encode(&LinkAuth::Challenge { nonce }))
             }
-            Some(LinkAuth::Proof { mac }) => match self.peers.get(routing_id) {
-                Some(Some(nonce)) if secret.verify(nonce, &mac) => {
-                    self.remember(routing_id, None);
+            Some(LinkAuth::Proof { mac }) => match self.challenged.remove(routing_id) {
+                Some((nonce, sent))
+                    if now.duration_since(sent) <= UNPROVEN_TIMEOUT
+                        && secret.verify(&nonce, &mac) =>
+                {
+                    self.admit(routing_id, now);
                     Verdict::Reply(encode(&LinkAuth::Accepted))
                 }
                 _ => {
                     tracing::warn!("a connection failed to prove the link secret; dropping it");
-                    self.peers.remove(routing_id);
                     Verdict::Drop
                 }
             },
@@ -183,15 +205,46 @@ impl Gate {
         }
     }
 
-    fn remember(&mut self, routing_id: &Bytes, nonce: Option<Vec<u8>>) {
-        if self.peers.insert(routing_id.clone(), nonce).is_none() {
-            self.order.push_back(routing_id.clone());
-        }
-        while self.order.len() > GATE_MEMORY {
-            if let Some(oldest) = self.order.pop_front() {
-                self.peers.remove(&oldest);
+    fn challenge(&mut self, routing_id: &Bytes, nonce: Vec<u8>, now: Instant) {
+        // Forget challenges that timed out, and the oldest past the bound.
+        while let Some(oldest) = self.challenge_order.front() {
+            let expired = self
+                .challenged
+                .get(oldest)
+                .is_none_or(|(_, sent)| now.duration_since(*sent) > UNPROVEN_TIMEOUT);
+            if !expired && self.challenged.len() < UNPROVEN_MEMORY {
+                break;
+            }
+            if let Some(oldest) = self.challenge_order.pop_front() {
+                self.challenged.remove(&oldest);
             }
         }
+        if self
+            .challenged
+            .insert(routing_id.clone(), (nonce, now))
+            .is_none()
+        {
+            self.challenge_order.push_back(routing_id.clone());
+        }
+    }
+
+    fn admit(&mut self, routing_id: &Bytes, now: Instant) {
+        if self.admitted.len() >= ADMITTED_MEMORY {
+            let silent_longest = self
+                .admitted
+                .iter()
+                .min_by_key(|(_, heard)| **heard)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = silent_longest {
+                self.admitted.remove(&id);
+            }
+        }
+        self.admitted.insert(routing_id.clone(), now);
+    }
+
+    /// Connections admitted, and challenged but not yet proven.
+    pub fn remembered(&self) -> (usize, usize) {
+        (self.admitted.len(), self.challenged.len())
     }
 }
 
@@ -315,17 +368,97 @@ mod tests {
         );
     }
 
+    fn admitted(gate: &mut Gate, secret: &Secret, who: &Bytes, now: Instant) {
+        let Verdict::Reply(frame) = gate.check_at(who, &encode(&LinkAuth::Begin), now) else {
+            panic!("Begin gets a challenge");
+        };
+        let Ok(LinkAuth::Challenge { nonce }) = proto::decode(&frame) else {
+            panic!("a challenge");
+        };
+        let proof = encode(&LinkAuth::Proof {
+            mac: secret.prove(&nonce),
+        });
+        assert_eq!(
+            gate.check_at(who, &proof, now),
+            Verdict::Reply(encode(&LinkAuth::Accepted))
+        );
+    }
+
+    /// 5,000 strangers that only say `Begin` never push out an admitted peer, and the gate's
+    /// memory stays bounded.
     #[test]
-    fn the_gate_remembers_a_bounded_number_of_connections() {
-        let mut gate = Gate::new(Some(Secret::from_bytes(b"0123456789abcdef")));
-        for n in 0..(GATE_MEMORY + 10) as u32 {
-            gate.check(
+    fn unproven_connections_never_evict_an_admitted_peer() {
+        let secret = Secret::from_bytes(b"0123456789abcdef");
+        let mut gate = Gate::new(Some(secret.clone()));
+        let now = Instant::now();
+        let live = id(0);
+        admitted(&mut gate, &secret, &live, now);
+        let hello = b"\x92\x01\x02".to_vec();
+        for n in 1..=5000u32 {
+            let at = now + Duration::from_millis(u64::from(n));
+            gate.check_at(
                 &Bytes::from(n.to_le_bytes().to_vec()),
                 &encode(&LinkAuth::Begin),
+                at,
             );
+            if n % 100 == 0 {
+                // The live peer keeps talking meanwhile.
+                assert_eq!(gate.check_at(&live, &hello, at), Verdict::Pass);
+            }
         }
-        assert_eq!(gate.peers.len(), GATE_MEMORY);
-        assert_eq!(gate.order.len(), GATE_MEMORY);
+        assert_eq!(gate.check(&live, &hello), Verdict::Pass);
+        let (admitted_now, unproven) = gate.remembered();
+        assert_eq!(admitted_now, 1);
+        assert!(unproven <= UNPROVEN_MEMORY, "{unproven}");
+        assert!(gate.challenge_order.len() <= UNPROVEN_MEMORY + 1);
+    }
+
+    /// Past the admitted bound (reconnects over a long life), the connection silent longest is
+    /// forgotten, never one that is heard from.
+    #[test]
+    fn a_full_gate_forgets_the_admitted_peer_silent_longest() {
+        let secret = Secret::from_bytes(b"0123456789abcdef");
+        let mut gate = Gate::new(Some(secret.clone()));
+        let start = Instant::now();
+        let live = id(0);
+        admitted(&mut gate, &secret, &live, start);
+        let hello = b"\x92\x01\x02".to_vec();
+        for n in 1..=(ADMITTED_MEMORY as u32 + 10) {
+            let at = start + Duration::from_millis(u64::from(n));
+            admitted(
+                &mut gate,
+                &secret,
+                &Bytes::from(n.to_le_bytes().to_vec()),
+                at,
+            );
+            assert_eq!(gate.check_at(&live, &hello, at), Verdict::Pass, "at {n}");
+        }
+        assert_eq!(gate.remembered().0, ADMITTED_MEMORY);
+        // The first reconnects (dead since) were forgotten.
+        assert_eq!(
+            gate.check(&Bytes::from(1u32.to_le_bytes().to_vec()), &hello),
+            Verdict::Drop
+        );
+    }
+
+    /// A proof after the challenge timed out is refused.
+    #[test]
+    fn a_late_proof_is_refused() {
+        let secret = Secret::from_bytes(b"0123456789abcdef");
+        let mut gate = Gate::new(Some(secret.clone()));
+        let now = Instant::now();
+        let who = id(1);
+        let Verdict::Reply(frame) = gate.check_at(&who, &encode(&LinkAuth::Begin), now) else {
+            panic!("Begin gets a challenge");
+        };
+        let Ok(LinkAuth::Challenge { nonce }) = proto::decode(&frame) else {
+            panic!("a challenge");
+        };
+        let proof = encode(&LinkAuth::Proof {
+            mac: secret.prove(&nonce),
+        });
+        let late = now + UNPROVEN_TIMEOUT + Duration::from_secs(1);
+        assert_eq!(gate.check_at(&who, &proof, late), Verdict::Drop);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
 //! - [`auth`]: the shared-secret proof that endpoints reachable from other hosts require.
 //! - [`service`]: tracing setup, SIGTERM/SIGINT, and systemd's notify socket and watchdog.
+//! - [`http`]: the HTTP listener both HTTP servers run, with a header timeout, a connection
+//!   cap and bounded buffers per connection.
 //!
 //! Each binary keeps only its own decisions (what a hello carries, what a dead peer's requests
 //! become).
@@ -18,6 +20,7 @@ pub mod auth;
 pub mod backoff;
 pub mod connect;
 mod error;
+pub mod http;
 pub mod identity;
 pub mod ipc;
 pub mod liveness;

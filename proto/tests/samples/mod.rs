@@ -18,6 +18,7 @@ pub fn worker_hello() -> WorkerHello {
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 6_291_456,
+        max_num_seqs: 16,
     }
 }
 

@@ -188,6 +188,7 @@ fn hello(worker_id: &str, k: u8) -> WorkerToTp {
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 0,
+        max_num_seqs: 16,
     })
 }
 

@@ -1,15 +1,18 @@
-//! The HTTP server: hyper's HTTP/1.1 connection builder under the axum router, with the limits
-//! `axum::serve` does not offer. A client must send a request's headers within
+//! The HTTP server of the api-server and the token-processor: hyper's HTTP/1.1 connection
+//! builder under an axum router, with the limits `axum::serve` does not offer. A client must send a request's headers within
 //! `header_read_timeout` (also the idle limit of a kept-alive connection), so a slow or silent
 //! client cannot hold a connection forever; at most `max_connections` are open at once (beyond
 //! it, new connections wait in the kernel's backlog); on shutdown no connection is accepted and
 //! open ones finish their requests.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use axum::Router;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -29,9 +32,21 @@ pub fn bind(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpList
     };
     // As `TcpListener::bind` does on Unix: a restart can bind while old connections linger.
     socket.set_reuseaddr(true)?;
+    // Inherited by every accepted connection (see [`SEND_BUFFER_BYTES`]).
+    socket.set_send_buffer_size(SEND_BUFFER_BYTES)?;
     socket.bind(addr)?;
     socket.listen(backlog)
 }
+
+/// hyper's buffer per connection (its default is about 400 KiB).
+pub const MAX_BUF_BYTES: usize = 64 * 1024;
+
+/// The kernel's send buffer per connection (Linux doubles it for its own bookkeeping). Left to
+/// autotuning it grows to megabytes for a client that stops reading on loopback (64 KiB
+/// segments), so a stream's write timeout would start only after minutes of output; a fixed
+/// buffer bounds that, and still moves a whole response of many choices at a few MB/s on a
+/// 100 ms path.
+pub const SEND_BUFFER_BYTES: u32 = 128 * 1024;
 
 /// What one client may take of the server.
 #[derive(Debug, Clone, Copy)]
@@ -40,8 +55,47 @@ pub struct HttpLimits {
     pub max_connections: usize,
 }
 
+/// File descriptors kept out of the HTTP connection cap: the process's own files, its ZeroMQ
+/// peers and their reconnects, so a flood of HTTP connections never starves the links.
+pub const RESERVED_DESCRIPTORS: usize = 512;
+
+/// Raises the soft limit on open files to the hard one (as Go's runtime does at start; the
+/// soft default of 1,024 is a relic of `select`) and returns the soft limit now in force.
+pub fn raise_open_files_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+}
+
+/// The connection cap in force: `requested`, but never so many that HTTP connections take the
+/// descriptors the process needs for anything else.
+pub fn connection_cap(requested: usize, open_files_limit: usize) -> usize {
+    requested
+        .min(open_files_limit.saturating_sub(RESERVED_DESCRIPTORS))
+        .max(1)
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves; then accepts nothing more and returns
-/// once every open connection finished its requests (the caller bounds that wait).
+/// once every open connection finished its requests (the caller bounds that wait). The
+/// connection cap is `limits.max_connections` within the open-files limit
+/// ([`connection_cap`]).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -51,8 +105,19 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .keep_alive(true);
-    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        .keep_alive(true)
+        // What hyper buffers of a response the client has not taken: the stream write timeout
+        // starts once this and the socket's buffers are full. Also the largest request head.
+        .max_buf_size(MAX_BUF_BYTES);
+    let cap = connection_cap(limits.max_connections, raise_open_files_limit());
+    if cap < limits.max_connections {
+        tracing::warn!(
+            requested = limits.max_connections,
+            cap,
+            "HTTP connection cap lowered to fit the open-files limit"
+        );
+    }
+    let connections = Arc::new(Semaphore::new(cap));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -63,9 +128,9 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, mostly: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -76,8 +141,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = http.serve_connection(TokioIo::new(stream), with_peer(&app, peer));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -90,10 +154,36 @@ pub async fn serve(
     graceful.shutdown().await;
 }
 
+/// `app` for one connection from `peer`: each request carries the address as
+/// `ConnectInfo<SocketAddr>` (the api-server's fair admission tells clients apart by it).
+fn with_peer(
+    app: &Router,
+    peer: SocketAddr,
+) -> impl hyper::service::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    let app = TowerToHyperService::new(app.clone());
+    hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        app.call(request)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::TcpStream;
     use std::time::Duration;
+
+    #[test]
+    fn the_cap_leaves_descriptors_for_everything_else() {
+        assert_eq!(super::connection_cap(16_384, 65_536), 16_384);
+        assert_eq!(super::connection_cap(16_384, 1024), 1024 - 512);
+        assert_eq!(super::connection_cap(16_384, 100), 1);
+        assert!(super::raise_open_files_limit() >= 1024);
+    }
 
     /// With nothing accepted yet, connections past tokio's default backlog of 128 still
     /// complete at once: the kernel queues them (up to `net.core.somaxconn`) instead of

@@ -1,0 +1,171 @@
+//! A fair front door on the default stack: one client's 64-sequence request (4 prompts × n 16,
+//! `max_tokens` 1900, `ignore_eos`) holds at most its share (a quarter of the worker's batch
+//! slots), so 8 other
+//! clients each get their 200 within the stack's status bound while it runs, whether its client
+//! reads the stream or holds it open without reading; the one that does not read loses its
+//! stream after the write timeout, and its sequences are given back.
+//!
+//! The write timeout counts from when the connection's buffers are full (the client's receive
+//! buffer, the server's send buffer, hyper's, the stream's queue: about 100 KiB here), so the
+//! release bound adds the time to fill them at the stack's output rate; the test prints both.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::stack::{Stack, StackConfig};
+use common::timing::{status_bound, LOADED_MACHINE_SLACK, PATIENCE};
+use common::wait_until;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+const OTHERS: usize = 8;
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn big_request() -> Value {
+    json!({
+        "model": common::openai::MODEL,
+        "prompt": ["Tell a long story.", "List every number.", "Describe the sea.", "Count up:"],
+        "n": 16,
+        "max_tokens": 1900,
+        "ignore_eos": true,
+        "temperature": 0.8,
+        "stream": true,
+    })
+}
+
+async fn admission(stack: &Stack) -> Value {
+    let health: Value = stack
+        .client()
+        .get(stack.api("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    health["admission"].clone()
+}
+
+/// 8 other clients' streamed requests, at once: each gets a 200 within the status bound and
+/// its stream ends with `[DONE]`. Returns the slowest time to a status.
+async fn others_are_served(stack: &Stack) -> Duration {
+    let url = stack.api("/v1/completions");
+    let tasks = (0..OTHERS).map(|i| {
+        let (http, url) = (stack.client().clone(), url.clone());
+        async move {
+            let body = common::openai::completion_body(&format!("Say {i}:"), 8, true);
+            let sent = Instant::now();
+            let response = http.post(&url).json(&body).send().await.unwrap();
+            let to_status = sent.elapsed();
+            assert_eq!(response.status(), 200, "client {i}");
+            let text = response.text().await.unwrap();
+            assert!(text.ends_with("data: [DONE]\n\n"), "client {i}: {text}");
+            to_status
+        }
+    });
+    let times = futures::future::join_all(tasks).await;
+    let slowest = times.into_iter().max().unwrap();
+    assert!(
+        slowest <= status_bound(),
+        "a client waited {slowest:?} for its status (bound {:?})",
+        status_bound()
+    );
+    slowest
+}
+
+/// Sends the big request on a socket with a small receive buffer and never reads from it.
+async fn send_unread(stack: &Stack) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(format!("127.0.0.1:{}", stack.api_port).parse().unwrap())
+        .await
+        .unwrap();
+    let body = big_request().to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_client_holds_the_server_reading_or_not() {
+    let stack = Stack::start(StackConfig {
+        api_args: vec![
+            "--stream-write-timeout-secs".into(),
+            WRITE_TIMEOUT.as_secs().to_string(),
+        ],
+        ..StackConfig::default()
+    })
+    .await;
+    let share = admission(&stack).await["per_request"].as_u64().unwrap();
+    assert_eq!(
+        share, 4,
+        "a quarter of the worker's 16 batch slots by default"
+    );
+
+    // 1. The big request, read by its client.
+    let reader = tokio::spawn({
+        let (http, url) = (stack.client().clone(), stack.api("/v1/completions"));
+        async move {
+            let mut response = http.post(&url).json(&big_request()).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            while let Ok(Some(_)) = response.chunk().await {}
+        }
+    });
+    wait_until(PATIENCE, "the big request to hold its share", || async {
+        admission(&stack).await["sequences_in_flight"].as_u64() == Some(share)
+    })
+    .await;
+    let slowest = others_are_served(&stack).await;
+    println!("while a 64-sequence stream is read: slowest other status {slowest:?}");
+    let held = admission(&stack).await["sequences_in_flight"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        held, share,
+        "the big request never holds more than its share"
+    );
+    reader.abort();
+    let _ = reader.await;
+    wait_until(PATIENCE, "the aborted request's sequences back", || async {
+        admission(&stack).await["sequences_in_flight"].as_u64() == Some(0)
+    })
+    .await;
+
+    // 2. The same request from a client that never reads.
+    let sent = Instant::now();
+    let unread = send_unread(&stack).await;
+    wait_until(PATIENCE, "the unread request to be admitted", || async {
+        admission(&stack).await["sequences_in_flight"].as_u64() == Some(share)
+    })
+    .await;
+    let slowest = others_are_served(&stack).await;
+    println!("while a 64-sequence stream is not read: slowest other status {slowest:?}");
+    // The request alone would run for minutes; the write timeout ends it once the buffers are
+    // full.
+    wait_until(
+        PATIENCE,
+        "the unread stream's sequences released",
+        || async { admission(&stack).await["sequences_in_flight"].as_u64() == Some(0) },
+    )
+    .await;
+    let released = sent.elapsed();
+    let log = stack.log(common::stack::Proc::ApiServer);
+    assert!(
+        log.contains("read nothing for the write timeout"),
+        "released by the write timeout, not by something else"
+    );
+    println!(
+        "unread stream released {released:?} after it was sent (write timeout {WRITE_TIMEOUT:?}, \
+         slack {LOADED_MACHINE_SLACK:?})"
+    );
+    // Others are served at once afterwards, and the socket is closed by the server.
+    others_are_served(&stack).await;
+    drop(unread);
+}
