@@ -367,8 +367,18 @@ fn finished_requests_stay_in_the_resync_until_acknowledged() {
         engine.not_held(&[0, 1, 2, 99]) == vec![99],
         "kept requests count as held"
     );
-    engine.delivered(&[0]);
-    assert!(engine.abort(1), "an abort forgets a kept request");
+    engine.delivered("another-api", &[0]);
+    assert!(
+        engine.not_held(&[0]).is_empty(),
+        "another api-server's acknowledgement forgets nothing"
+    );
+    assert!(!engine.abort_of("another-api", 0), "nor does its abort");
+    engine.delivered("test-api", &[0]);
+    assert_eq!(engine.not_held(&[0]), vec![0]);
+    assert!(
+        engine.abort_of("test-api", 1),
+        "an abort forgets a kept request"
+    );
     assert_eq!(engine.abort_owner("test-api"), 1);
     assert!(engine.resync_requests().is_empty());
     assert_eq!(engine.retained_stats(), (0, 0, 0));

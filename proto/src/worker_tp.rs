@@ -47,6 +47,78 @@ pub struct WorkerHello {
     /// Most sequences the worker runs in one batch (0 until the model is loaded): what a request
     /// may hold a share of at the api-server, so that no request fills every batch slot.
     pub max_num_seqs: u32,
+    /// Random per worker process, sent only to token-processors (0 in the hello api-servers
+    /// get): the epoch is seen by anyone who says hello to the worker, so a hello of a live
+    /// epoch from another connection is taken only with this (a reconnect of the same process).
+    pub session: u64,
+}
+
+/// Longest peer id (`worker_id`, `api_server_id`) a hello may carry, in bytes: ids become
+/// label values and map keys.
+pub const MAX_PEER_ID_BYTES: usize = 128;
+
+/// Longest model name a hello may carry, in bytes (a label value too).
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+/// Longest heartbeat interval a hello may announce, in milliseconds (0 is the default): a peer
+/// announcing months would stay alive for months after its death.
+pub const MAX_HEARTBEAT_INTERVAL_MS: u32 = 60_000;
+
+/// Largest context length and batch a hello may announce.
+pub const MAX_ANNOUNCED_CONTEXT: u32 = 1 << 24;
+pub const MAX_ANNOUNCED_BATCH: u32 = 1 << 16;
+
+/// Ok when `id` can name a peer: not empty, at most [`MAX_PEER_ID_BYTES`], no control
+/// characters. Else why not.
+pub fn check_peer_id(id: &str) -> Result<(), String> {
+    check_name("the peer id", id, MAX_PEER_ID_BYTES)
+}
+
+fn check_name(what: &str, name: &str, max: usize) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    if name.len() > max {
+        return Err(format!("{what} is {} bytes, more than {max}", name.len()));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!("{what} contains control characters"));
+    }
+    Ok(())
+}
+
+/// Ok when every field of a worker's hello is within what peers take; else the first that is
+/// not, as a reason for the refusal. (The protocol version is checked before, by its own rule.)
+pub fn check_hello(hello: &WorkerHello) -> Result<(), String> {
+    check_peer_id(&hello.worker_id)?;
+    check_name("the model name", &hello.model, MAX_MODEL_NAME_BYTES)?;
+    check_proposer(&hello.proposer)
+        .map_err(|p| format!("{p}: the token-processor labels acceptance series with it"))?;
+    if hello.num_spec_tokens > MAX_SPEC_TOKENS {
+        return Err(format!(
+            "num_spec_tokens {} exceeds the token-processor's limit {MAX_SPEC_TOKENS}",
+            hello.num_spec_tokens
+        ));
+    }
+    if hello.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
+        return Err(format!(
+            "heartbeat_interval_ms {} exceeds {MAX_HEARTBEAT_INTERVAL_MS}",
+            hello.heartbeat_interval_ms
+        ));
+    }
+    if hello.max_model_len > MAX_ANNOUNCED_CONTEXT {
+        return Err(format!(
+            "max_model_len {} exceeds {MAX_ANNOUNCED_CONTEXT}",
+            hello.max_model_len
+        ));
+    }
+    if hello.max_num_seqs > MAX_ANNOUNCED_BATCH {
+        return Err(format!(
+            "max_num_seqs {} exceeds {MAX_ANNOUNCED_BATCH}",
+            hello.max_num_seqs
+        ));
+    }
+    Ok(())
 }
 
 /// Ok when `proposer` can be a metric label value: not empty (an empty value is no label at all

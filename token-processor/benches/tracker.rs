@@ -33,6 +33,7 @@ fn setup(rows: usize, k: u8) -> (Ingest, Synth) {
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 0,
         max_num_seqs: 16,
+        session: 7,
     };
     ingest.handle(WorkerToTp::Hello(hello), now, Instant::now(), &mut out);
     let resync = Resync {

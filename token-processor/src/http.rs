@@ -98,6 +98,7 @@ mod tests {
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 6_291_456,
             max_num_seqs: 16,
+            session: 7,
         };
         assert_eq!(
             worker_line(&hello),

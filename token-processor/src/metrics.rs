@@ -54,6 +54,7 @@ pub const GAPS: &str = "specula_step_batch_gaps_total";
 pub const INVALID_BATCHES: &str = "specula_step_batches_invalid_total";
 pub const STALE_BATCHES: &str = "specula_step_batches_stale_total";
 pub const UNKNOWN_WORKER_BATCHES: &str = "specula_step_batches_unknown_worker_total";
+pub const FOREIGN_FRAMES: &str = "specula_worker_frames_foreign_total";
 pub const UNKNOWN_ROWS: &str = "specula_step_rows_unknown_request_total";
 pub const REFUSED: &str = "specula_requests_refused_total";
 pub const WORKERS_LOST: &str = "specula_workers_lost_total";
@@ -85,6 +86,7 @@ const BATCH_BUCKETS: &[f64] = &[
 /// without those labels).
 const PROCESS_COUNTERS: &[&str] = &[
     UNKNOWN_WORKER_BATCHES,
+    FOREIGN_FRAMES,
     MALFORMED_FRAMES,
     OUTPUTS_DROPPED,
     DUPLICATE_IDS,
@@ -252,6 +254,12 @@ fn describe_step_batches() {
         UNKNOWN_WORKER_BATCHES,
         Unit::Count,
         "Step batches from a worker that has not said hello yet (dropped until it does)."
+    );
+    describe_counter!(
+        FOREIGN_FRAMES,
+        Unit::Count,
+        "Frames acting for a live worker (batches, heartbeats, resyncs, goodbyes, hellos of its \
+         epoch) from a connection other than the one its hello came on; ignored."
     );
     describe_counter!(
         UNKNOWN_ROWS,
@@ -447,6 +455,11 @@ fn per_length(histogram: &[u64]) -> impl Iterator<Item = (f64, u64)> + '_ {
 /// Unlabeled: the worker id of a stranger is untrusted input, not a label value.
 pub fn unknown_worker_batch() {
     counter!(UNKNOWN_WORKER_BATCHES).increment(1);
+}
+
+/// Unlabeled, like [`unknown_worker_batch`]: the sender is not the worker it names.
+pub fn foreign_frame() {
+    counter!(FOREIGN_FRAMES).increment(1);
 }
 
 pub fn malformed_frame() {

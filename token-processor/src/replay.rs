@@ -304,6 +304,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 0,
             max_num_seqs: 16,
+            session: 7,
         }),
         now,
         Instant::now(),

@@ -230,6 +230,7 @@ fn worker_hello(epoch: u64, proposer: &str, draft_kv_bytes: u64) -> WorkerHello 
         kv_capacity_tokens: 32_768,
         draft_kv_bytes,
         max_num_seqs: 16,
+        session: 7,
     }
 }
 

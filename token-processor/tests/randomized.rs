@@ -47,6 +47,7 @@ impl SimWorker {
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 0,
             max_num_seqs: 16,
+            session: 7,
         })
     }
 }

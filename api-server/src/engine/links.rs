@@ -1,15 +1,17 @@
 //! The ZeroMQ links: one DEALER per engine-worker and one to the token-processor. The zeromq
 //! crate does not reconnect DEALER sockets, so each link runs `link::connect`'s loop: connect,
 //! say hello, then send queued frames and heartbeats and hand received frames to [`Shared`]
-//! until the peer disconnects; then start over with a fresh socket. While the peer is not alive
-//! for us, our heartbeat is a hello (which the peer answers with its own), and a peer that asks
-//! for our hello gets it at once.
+//! until the peer disconnects, or stays silent on this connection past the liveness window (a
+//! connection the peer no longer hears on looks open from here: only silence tells); then start
+//! over with a fresh socket. While the peer is not alive for us, our heartbeat is a hello (which
+//! the peer answers with its own), and a peer that asks for our hello gets it at once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use link::connect::{connect, Connected};
+use link::liveness::{Sweep, Sweeper};
 use link::Backoff;
 use proto::api_worker::{ApiHello, ApiToWorker};
 use proto::tp_api::ApiToTp;
@@ -196,10 +198,14 @@ async fn session(
     }
     let mut heartbeat = tokio::time::interval(shared.config.liveness.interval);
     heartbeat.tick().await;
+    let liveness = shared.config.liveness;
+    let mut sweeper = Sweeper::new(liveness);
+    let mut heard = Instant::now();
     loop {
         tokio::select! {
             msg = rx.recv() => match msg {
                 Ok(msg) => {
+                    heard = Instant::now();
                     let reply = msg.get(0).map_or(Reply::Nothing, |frame| peer.on_frame(shared, frame));
                     if reply == Reply::Hello && send(&mut tx, peer.hello(shared)).await.is_err() {
                         return SessionEnd::Reconnect;
@@ -230,6 +236,16 @@ async fn session(
                 }
             }
             _ = heartbeat.tick() => {
+                let now = Instant::now();
+                match sweeper.begin(now) {
+                    // Paused ourselves: the silence is ours.
+                    Sweep::Forgive { .. } => heard = now,
+                    Sweep::Judge if liveness.is_silent(heard, now) => {
+                        tracing::warn!(?peer, silent_ms = now.duration_since(heard).as_millis() as u64, "nothing heard on this connection for the liveness window; reconnecting");
+                        return SessionEnd::Reconnect;
+                    }
+                    Sweep::Judge => {}
+                }
                 if send(&mut tx, peer.beat(shared)).await.is_err() {
                     return SessionEnd::Reconnect;
                 }

@@ -217,6 +217,7 @@ mod tests {
             kv_capacity_tokens: 32_768,
             draft_kv_bytes: 0,
             max_num_seqs: 16,
+            session: 7,
         }
     }
 

@@ -272,6 +272,7 @@ async fn run_worker(
                                                         kv_capacity_tokens: 32_768,
                                                         draft_kv_bytes: 0,
                                                         max_num_seqs: 16,
+                                                        session: 7,
         });
                                 let _ = tx.send(routed(&identity, proto::encode(&hello).unwrap())).await;
                                 api = Some(identity);

@@ -151,11 +151,28 @@ impl<B: Backend> Engine<B> {
         )
     }
 
-    /// The api-server has the final outputs of `ids`: forget them.
-    pub fn delivered(&mut self, ids: &[RequestId]) {
+    /// `owner` has the final outputs of `ids`: forget those that are its own.
+    pub fn delivered(&mut self, owner: &str, ids: &[RequestId]) {
         for &id in ids {
-            self.retained.forget(id);
+            if self.retained.owner_of(id) == Some(owner) {
+                self.retained.forget(id);
+            }
         }
+    }
+
+    /// The api-server a request (running, waiting, or finished and kept) belongs to.
+    pub fn owner_of(&self, id: RequestId) -> Option<&str> {
+        self.scheduler
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.owner.as_str())
+            .or_else(|| self.retained.owner_of(id))
+    }
+
+    /// Aborts `id` if `owner` owns it (another api-server's abort, or a stranger's, is
+    /// ignored). Returns whether it did.
+    pub fn abort_of(&mut self, owner: &str, id: RequestId) -> bool {
+        self.owner_of(id) == Some(owner) && self.abort(id)
     }
 
     /// When the newest finished request kept since before `cutoff` (and after `after`) finished:

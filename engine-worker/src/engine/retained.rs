@@ -78,6 +78,11 @@ impl Retained {
         self.kept.contains_key(&id)
     }
 
+    /// The api-server a kept request belongs to.
+    pub fn owner_of(&self, id: RequestId) -> Option<&str> {
+        self.kept.get(&id).map(|k| k.request.owner.as_str())
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &ResyncRequest> + '_ {
         self.order
             .iter()

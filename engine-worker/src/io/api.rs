@@ -181,15 +181,45 @@ impl ApiLink {
             } => self.on_heartbeat(routing_id, api_server_id, epoch).await,
             ApiToWorker::Add(req) => self.on_add(routing_id, req, admission).await,
             ApiToWorker::Abort(abort) => {
-                push_command(&self.commands, EngineCommand::Abort(abort.id)).await;
+                let Some(owner) = self.sender(&routing_id).await else {
+                    return;
+                };
+                push_command(
+                    &self.commands,
+                    EngineCommand::Abort {
+                        owner,
+                        id: abort.id,
+                    },
+                )
+                .await;
             }
             ApiToWorker::Probe { ids } => self.on_probe(routing_id, ids).await,
             ApiToWorker::Delivered { mut ids } => {
+                let Some(owner) = self.sender(&routing_id).await else {
+                    return;
+                };
                 ids.truncate(proto::api_worker::MAX_PROBE_IDS);
                 // Best effort: a lost acknowledgement only keeps the request until the age bound.
-                let _ = self.commands.try_send(EngineCommand::Delivered(ids));
+                let _ = self
+                    .commands
+                    .try_send(EngineCommand::Delivered { owner, ids });
             }
         }
+    }
+
+    /// The api-server that said hello on `routing_id`; a connection that did not is asked for
+    /// its hello, and what it sent acts for no one (requests belong to the connection of their
+    /// owner's hello, so no other local process can end or feed them).
+    async fn sender(&mut self, routing_id: &Bytes) -> Option<String> {
+        let owner = self
+            .peers
+            .iter()
+            .find(|(_, p)| p.routing_id == *routing_id)
+            .map(|(name, _)| name.clone());
+        if owner.is_none() {
+            send(&mut self.socket, routing_id.clone(), &WorkerToApi::AskHello).await;
+        }
+        owner
     }
 
     async fn on_hello(&mut self, routing_id: Bytes, hello: ApiHello) {
@@ -232,7 +262,7 @@ impl ApiLink {
                 last_seen: Instant::now(),
             },
         );
-        let reply = WorkerToApi::Hello(self.status.hello());
+        let reply = WorkerToApi::Hello(self.status.hello_for_api());
         send(&mut self.socket, routing_id, &reply).await;
     }
 
@@ -241,10 +271,11 @@ impl ApiLink {
             .peers
             .get_mut(&api_server_id)
             .filter(|p| p.epoch == epoch);
+        // Only its own connection keeps it alive: after a reconnect its hello moves it.
+        let peer = peer.filter(|p| p.routing_id == routing_id);
         match (Heard::of(peer.is_some()), peer) {
             (Heard::Known, Some(peer)) => {
                 peer.last_seen = Instant::now();
-                peer.routing_id = routing_id;
             }
             _ => {
                 // Unknown, forgotten, or another epoch (we or it restarted): its hello tells us
@@ -264,7 +295,12 @@ impl ApiLink {
         admission: Option<&ApiAdmission>,
     ) {
         let id = req.id;
+        let sender = self.sender(&routing_id).await;
         let refusal = match admission {
+            _ if sender.is_none() => Some(RejectReason::NotAccepting),
+            _ if sender.as_deref() != Some(req.owner.as_str()) => Some(RejectReason::Invalid(
+                "the request's owner is not the api-server that sent it".into(),
+            )),
             _ if !self.status.accepting() => Some(RejectReason::NotAccepting),
             None => Some(RejectReason::NotAccepting),
             Some(a) if self.status.waiting() >= a.max_waiting => Some(RejectReason::Overloaded),
@@ -282,13 +318,7 @@ impl ApiLink {
     }
 
     async fn on_probe(&mut self, routing_id: Bytes, mut ids: Vec<RequestId>) {
-        let Some(owner) = self
-            .peers
-            .iter()
-            .find(|(_, p)| p.routing_id == routing_id)
-            .map(|(name, _)| name.clone())
-        else {
-            send(&mut self.socket, routing_id, &WorkerToApi::AskHello).await;
+        let Some(owner) = self.sender(&routing_id).await else {
             return;
         };
         ids.truncate(proto::api_worker::MAX_PROBE_IDS);
@@ -318,7 +348,7 @@ impl ApiLink {
         }
         let beat = if !self.announced_ready && self.status.is_ready() {
             self.announced_ready = true;
-            WorkerToApi::Hello(self.status.hello())
+            WorkerToApi::Hello(self.status.hello_for_api())
         } else {
             WorkerToApi::Heartbeat(self.status.heartbeat())
         };

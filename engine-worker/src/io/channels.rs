@@ -10,11 +10,18 @@ use proto::RequestId;
 #[derive(Debug)]
 pub enum EngineCommand {
     Add(AddRequest),
-    Abort(RequestId),
+    /// An api-server aborts one of its own requests.
+    Abort {
+        owner: String,
+        id: RequestId,
+    },
     /// An api-server went silent: abort everything it owns.
     AbortOwner(String),
     /// An api-server has these requests' final outputs.
-    Delivered(Vec<RequestId>),
+    Delivered {
+        owner: String,
+        ids: Vec<RequestId>,
+    },
     /// An api-server asks which of its stalled requests we no longer hold.
     Probe {
         owner: String,

@@ -20,6 +20,8 @@ pub struct WorkerStatus {
     /// Bytes of the draft model's own KV cache; 0 when the proposer keeps none.
     draft_kv_bytes: AtomicU64,
     max_num_seqs: AtomicU32,
+    /// Sent only to token-processors (`WorkerHello::session`).
+    session: u64,
     ready: AtomicBool,
     draining: AtomicBool,
     next_seq: AtomicU64,
@@ -58,6 +60,7 @@ impl WorkerStatus {
             kv_capacity_tokens: AtomicU32::new(0),
             draft_kv_bytes: AtomicU64::new(0),
             max_num_seqs: AtomicU32::new(0),
+            session: rand::random::<u64>() | 1,
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
@@ -165,6 +168,15 @@ impl WorkerStatus {
         self.resync_requested.swap(false, Ordering::SeqCst)
     }
 
+    /// The hello for api-servers: without the session, which only the token-processor may know.
+    pub fn hello_for_api(&self) -> WorkerHello {
+        WorkerHello {
+            session: 0,
+            ..self.hello()
+        }
+    }
+
+    /// The hello for the token-processor.
     pub fn hello(&self) -> WorkerHello {
         WorkerHello {
             protocol_version: proto::PROTOCOL_VERSION,
@@ -179,6 +191,7 @@ impl WorkerStatus {
             kv_capacity_tokens: self.kv_capacity_tokens.load(Ordering::SeqCst),
             draft_kv_bytes: self.draft_kv_bytes.load(Ordering::SeqCst),
             max_num_seqs: self.max_num_seqs.load(Ordering::SeqCst),
+            session: self.session,
         }
     }
 

@@ -215,10 +215,10 @@ fn handle_command<B: Backend>(
                 }
             }
         }
-        EngineCommand::Abort(id) => {
-            engine.abort(id);
+        EngineCommand::Abort { owner, id } => {
+            engine.abort_of(&owner, id);
         }
-        EngineCommand::Delivered(ids) => engine.delivered(&ids),
+        EngineCommand::Delivered { owner, ids } => engine.delivered(&owner, &ids),
         EngineCommand::Probe { owner, ids } => {
             let not_held = engine.not_held(&ids);
             if not_held.len() < ids.len() {

@@ -31,7 +31,15 @@ pub async fn connect<S: Socket>(
         options.connect_timeout(CONNECT_TIMEOUT);
         let mut socket = S::with_options(options);
         let monitor = socket.monitor();
-        match socket.connect(endpoint).await {
+        let checked = crate::ipc::check_endpoint_dir(endpoint);
+        if let Err(e) = &checked {
+            tracing::error!(%endpoint, error = %e, "not connecting");
+        }
+        let attempt = match checked {
+            Ok(()) => socket.connect(endpoint).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match attempt {
             Ok(()) => {
                 backoff.reset();
                 tracing::info!(%endpoint, "connected");

@@ -5,6 +5,11 @@ use std::io;
 pub enum LinkError {
     #[error("{endpoint} is in use by a running process")]
     EndpointInUse { endpoint: String },
+    #[error("refusing the runtime directory {dir}: {reason}")]
+    UnsafeRuntimeDir {
+        dir: std::path::PathBuf,
+        reason: String,
+    },
     #[error("cannot read the link secret {path}: {reason}")]
     Secret {
         path: std::path::PathBuf,

@@ -16,7 +16,7 @@ use crate::LinkError;
 
 /// The directory of the default endpoints: `$SPECULA_RUNTIME_DIR`, else
 /// `$XDG_RUNTIME_DIR/specula` (per user, created by the login manager 0700), else
-/// `/tmp/specula-<uid>`.
+/// `/tmp/specula-<uid>` ([`fallback_dir`], whose owner and mode are checked before use).
 pub fn runtime_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SPECULA_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
@@ -24,9 +24,61 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("specula");
     }
+    fallback_dir()
+}
+
+fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    std::env::temp_dir().join(format!("specula-{uid}"))
+    unsafe { libc::getuid() }
+}
+
+/// `/tmp/specula-<uid>`: in a directory every local user can write, so another user could
+/// create it first and listen on our endpoints; it is used only if we own it and nobody else
+/// may enter it ([`check_endpoint_dir`]).
+pub fn fallback_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("specula-{}", uid()))
+}
+
+/// Refuses an ipc endpoint in [`fallback_dir`] unless that directory is ours, a real directory
+/// (not a link), and closed to group and others (mode 0700).
+pub fn check_endpoint_dir(endpoint: &str) -> Result<(), LinkError> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = endpoint
+        .strip_prefix("ipc://")
+        .and_then(|p| Path::new(p).parent())
+    else {
+        return Ok(());
+    };
+    if dir != fallback_dir() {
+        return Ok(());
+    }
+    let unsafe_dir = |reason: String| LinkError::UnsafeRuntimeDir {
+        dir: dir.to_owned(),
+        reason,
+    };
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        // Not there yet: the binder creates it 0700.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(unsafe_dir(e.to_string())),
+    };
+    if !meta.file_type().is_dir() {
+        return Err(unsafe_dir("it is not a directory".into()));
+    }
+    if meta.uid() != uid() {
+        return Err(unsafe_dir(format!(
+            "it belongs to uid {}, not to us ({})",
+            meta.uid(),
+            uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(unsafe_dir(format!(
+            "its mode is {:o}; it must be 0700",
+            meta.mode() & 0o777
+        )));
+    }
+    Ok(())
 }
 
 /// The default endpoint `name` (e.g. `tp-ingest`): `ipc://<runtime_dir>/<name>.sock`.
@@ -62,6 +114,7 @@ pub fn prepare_bind(endpoint: &str) -> Result<(), LinkError> {
         endpoint: endpoint.to_owned(),
         source,
     };
+    check_endpoint_dir(endpoint)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -69,6 +122,8 @@ pub fn prepare_bind(endpoint: &str) -> Result<(), LinkError> {
             .create(dir)
             .map_err(err)?;
     }
+    // Created by someone else between the check and here: checked again.
+    check_endpoint_dir(endpoint)?;
     if !path.exists() {
         return Ok(());
     }
@@ -117,6 +172,33 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The fallback directory is refused with a wider mode (as another user could have made
+    /// it), and taken once it is private. (Another owner cannot be made without root; the
+    /// check is the same comparison.)
+    #[test]
+    fn the_fallback_directory_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = fallback_dir();
+        let existed = dir.exists();
+        std::fs::create_dir_all(&dir).unwrap();
+        let before = std::fs::metadata(&dir).unwrap().permissions();
+        let endpoint = format!("ipc://{}/x.sock", dir.display());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_endpoint_dir(&endpoint).unwrap_err();
+        assert!(matches!(err, LinkError::UnsafeRuntimeDir { .. }), "{err}");
+        assert!(err.to_string().contains("777"), "{err}");
+        assert!(prepare_bind(&endpoint).is_err(), "a binder refuses it too");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        check_endpoint_dir(&endpoint).unwrap();
+        // Other directories are the operator's choice.
+        check_endpoint_dir("ipc:///run/specula/x.sock").unwrap();
+        if existed {
+            std::fs::set_permissions(&dir, before).unwrap();
+        } else {
+            std::fs::remove_dir_all(&dir).ok();
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub fn worker_hello() -> WorkerHello {
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 6_291_456,
         max_num_seqs: 16,
+        session: 7,
     }
 }
 

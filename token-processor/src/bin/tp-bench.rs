@@ -189,6 +189,7 @@ fn hello(worker_id: &str, k: u8) -> WorkerToTp {
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 0,
         max_num_seqs: 16,
+        session: 7,
     })
 }
 

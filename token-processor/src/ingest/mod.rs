@@ -173,7 +173,7 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
                             }
                             match proto::decode::<WorkerToTp>(&frame) {
                                 Ok(decoded) => {
-                                    if let Some(reply) = ingest.handle(decoded, clock(origin), received, &mut out) {
+                                    if let Some(reply) = ingest.handle_from(&routing_id, decoded, clock(origin), received, &mut out) {
                                         queue_reply(&replies, &routing_id, &reply);
                                     }
                                 }

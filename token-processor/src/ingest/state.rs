@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use link::Liveness;
 
+use bytes::Bytes;
 use proto::tp_api::OutputErrorKind;
 use proto::worker_tp::{
-    check_proposer, Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp,
+    check_hello, Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp,
 };
 use proto::{RequestId, SpeculateMetrics};
 
@@ -61,6 +62,9 @@ impl Default for IngestConfig {
 #[derive(Debug)]
 pub struct WorkerEntry {
     pub hello: WorkerHello,
+    /// The connection its hello came on: only frames from it act for the worker (a stranger
+    /// that learned the epoch cannot end, stall or feed its requests).
+    routing_id: Bytes,
     /// The seq the next batch should carry; None until a batch, heartbeat or resync tells us.
     pub next_seq: Option<u64>,
     pub last_heard_ns: u64,
@@ -122,6 +126,8 @@ pub struct IngestStats {
     pub invalid_batches: u64,
     pub stale: u64,
     pub unknown_worker_batches: u64,
+    /// Frames for a live worker from a connection other than its own.
+    pub foreign_frames: u64,
     pub refused_hellos: u64,
     /// Hellos refused because a live worker holds the id.
     pub duplicate_ids: u64,
@@ -178,8 +184,7 @@ impl Ingest {
         self.workers.get(worker_id)?.tracker.speculate_metrics(id)
     }
 
-    /// Applies one message and returns the reply for its sender, if any. `received` is when
-    /// its frame arrived (for the processing-time histogram); outputs go to `out`.
+    /// [`Ingest::handle_from`] for messages that all come on one connection.
     pub fn handle(
         &mut self,
         msg: WorkerToTp,
@@ -187,16 +192,39 @@ impl Ingest {
         received: Instant,
         out: &mut Outbox,
     ) -> Option<TpToWorker> {
+        self.handle_from(&Bytes::new(), msg, now, received, out)
+    }
+
+    /// Applies one message that came on connection `routing_id` and returns the reply for its
+    /// sender, if any. `received` is when its frame arrived (for the processing-time
+    /// histogram); outputs go to `out`.
+    pub fn handle_from(
+        &mut self,
+        routing_id: &Bytes,
+        msg: WorkerToTp,
+        now: Clock,
+        received: Instant,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
+        let from = |entry: &WorkerEntry| entry.routing_id == *routing_id;
         match msg {
-            WorkerToTp::Hello(hello) => self.on_hello(hello, now, out),
-            WorkerToTp::Step(batch) => self.on_step(&batch, now, received, out),
-            WorkerToTp::Heartbeat(hb) => self.on_heartbeat(&hb, now, out),
-            WorkerToTp::Resync(resync) => self.on_resync(&resync, now, out),
+            WorkerToTp::Hello(hello) => self.on_hello(hello, routing_id, now, out),
+            WorkerToTp::Step(batch) => self.on_step(&batch, from, now, received, out),
+            WorkerToTp::Heartbeat(hb) => self.on_heartbeat(&hb, from, now, out),
+            WorkerToTp::Resync(resync) => self.on_resync(&resync, from, now, out),
             WorkerToTp::Goodbye { worker_id, epoch } => {
-                self.on_goodbye(&worker_id, epoch, now, out);
+                self.on_goodbye(&worker_id, epoch, from, now, out);
                 None
             }
         }
+    }
+
+    /// A message for a live worker from a connection that is not its own: counted, and the
+    /// sender asked for a hello (which it cannot give without the worker's session).
+    fn foreign(stats: &mut IngestStats) -> Option<TpToWorker> {
+        stats.foreign_frames += 1;
+        metrics::foreign_frame();
+        Some(TpToWorker::AskHello)
     }
 
     /// The reply to a batch or resync from a worker we do not take: counted, and the sender is
@@ -252,7 +280,13 @@ impl Ingest {
         }
     }
 
-    fn on_hello(&mut self, hello: WorkerHello, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
+    fn on_hello(
+        &mut self,
+        hello: WorkerHello,
+        routing_id: &Bytes,
+        now: Clock,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
         let refused = |stats: &mut IngestStats, reason: String| {
             stats.refused_hellos += 1;
             Some(TpToWorker::Refused { reason })
@@ -261,21 +295,24 @@ impl Ingest {
             tracing::warn!(worker = %hello.worker_id, error = %e, "refusing worker hello");
             return refused(&mut self.stats, e.to_string());
         }
-        if hello.num_spec_tokens > MAX_SPEC_TOKENS {
-            tracing::warn!(worker = %hello.worker_id, k = hello.num_spec_tokens, max = MAX_SPEC_TOKENS, "refusing worker hello: K too large");
-            let reason = format!(
-                "num_spec_tokens {} exceeds the token-processor's limit {MAX_SPEC_TOKENS}",
-                hello.num_spec_tokens
-            );
-            return refused(&mut self.stats, reason);
-        }
-        if let Err(problem) = check_proposer(&hello.proposer) {
-            tracing::warn!(worker = %hello.worker_id, %problem, "refusing worker hello: its proposer cannot be a metric label");
-            let reason = format!("{problem}: the token-processor labels acceptance series with it");
+        if let Err(reason) = check_hello(&hello) {
+            // The id may itself be what is wrong: log only its length.
+            tracing::warn!(worker_id_bytes = hello.worker_id.len(), %reason, "refusing worker hello");
             return refused(&mut self.stats, reason);
         }
         if let Some(entry) = self.workers.get_mut(&hello.worker_id) {
+            if entry.hello.epoch == hello.epoch
+                && entry.routing_id != *routing_id
+                && entry.hello.session != hello.session
+            {
+                tracing::warn!(worker = %hello.worker_id, "hello refused: a live worker's epoch from another connection, without its session");
+                self.stats.foreign_frames += 1;
+                metrics::foreign_frame();
+                let reason = format!("worker {} is live on another connection", hello.worker_id);
+                return refused(&mut self.stats, reason);
+            }
             if entry.hello.epoch == hello.epoch {
+                entry.routing_id = routing_id.clone();
                 // A reconnect of the same process: keep its state (a resync follows).
                 entry.last_heard_ns = now.mono_ns;
                 entry.refresh(hello);
@@ -307,11 +344,11 @@ impl Ingest {
             return refused(&mut self.stats, reason);
         }
         tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, draft_kv_bytes = hello.draft_kv_bytes, "worker said hello");
-        self.admit(hello, now);
+        self.admit(hello, routing_id, now);
         None
     }
 
-    fn admit(&mut self, hello: WorkerHello, now: Clock) {
+    fn admit(&mut self, hello: WorkerHello, routing_id: &Bytes, now: Clock) {
         let k = hello.num_spec_tokens as usize;
         let entry = WorkerEntry {
             metrics: WorkerMetrics::new(&hello.model, &hello.worker_id, &hello.proposer, k),
@@ -319,6 +356,7 @@ impl Ingest {
             obs: Observations::new(k),
             next_seq: None,
             last_heard_ns: now.mono_ns,
+            routing_id: routing_id.clone(),
             hello,
         };
         self.workers.insert(entry.hello.worker_id.clone(), entry);
@@ -346,6 +384,7 @@ impl Ingest {
     fn on_step(
         &mut self,
         batch: &StepBatch,
+        from: impl Fn(&WorkerEntry) -> bool,
         now: Clock,
         received: Instant,
         out: &mut Outbox,
@@ -362,6 +401,9 @@ impl Ingest {
         let Some(entry) = Self::current(workers, stats, &batch.worker_id, batch.epoch) else {
             return Some(TpToWorker::AskHello);
         };
+        if !from(entry) {
+            return Self::foreign(stats);
+        }
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
             Some(next) if batch.seq < next => {
@@ -378,7 +420,8 @@ impl Ingest {
             }
             _ => {}
         }
-        entry.next_seq = Some(batch.seq + 1);
+        // A worker's seq never nears 2^64 (one batch a millisecond is 500 million years).
+        entry.next_seq = Some(batch.seq.saturating_add(1));
         if let Err(e) = batch.validate(entry.hello.num_spec_tokens) {
             stats.invalid_batches += 1;
             entry.metrics.invalid_batches.increment(1);
@@ -405,7 +448,13 @@ impl Ingest {
         None
     }
 
-    fn on_heartbeat(&mut self, hb: &Heartbeat, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
+    fn on_heartbeat(
+        &mut self,
+        hb: &Heartbeat,
+        from: impl Fn(&WorkerEntry) -> bool,
+        now: Clock,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
         let Self {
             workers,
             totals,
@@ -418,6 +467,9 @@ impl Ingest {
         let Some(entry) = Self::current(workers, stats, &hb.worker_id, hb.epoch) else {
             return Some(TpToWorker::AskHello);
         };
+        if !from(entry) {
+            return Self::foreign(stats);
+        }
         entry.last_heard_ns = now.mono_ns;
         match entry.next_seq {
             Some(next) if hb.next_seq > next => {
@@ -441,7 +493,13 @@ impl Ingest {
         })
     }
 
-    fn on_resync(&mut self, resync: &Resync, now: Clock, out: &mut Outbox) -> Option<TpToWorker> {
+    fn on_resync(
+        &mut self,
+        resync: &Resync,
+        from: impl Fn(&WorkerEntry) -> bool,
+        now: Clock,
+        out: &mut Outbox,
+    ) -> Option<TpToWorker> {
         let Self {
             workers,
             totals,
@@ -454,6 +512,9 @@ impl Ingest {
         let Some(entry) = Self::current(workers, stats, &resync.worker_id, resync.epoch) else {
             return Some(TpToWorker::AskHello);
         };
+        if !from(entry) {
+            return Self::foreign(stats);
+        }
         stats.resyncs += 1;
         entry.metrics.resyncs.increment(1);
         entry.last_heard_ns = now.mono_ns;
@@ -469,8 +530,24 @@ impl Ingest {
         })
     }
 
-    fn on_goodbye(&mut self, worker_id: &str, epoch: u64, now: Clock, out: &mut Outbox) {
-        if Self::current(&mut self.workers, &mut self.stats, worker_id, epoch).is_some() {
+    fn on_goodbye(
+        &mut self,
+        worker_id: &str,
+        epoch: u64,
+        from: impl Fn(&WorkerEntry) -> bool,
+        now: Clock,
+        out: &mut Outbox,
+    ) {
+        let Some(entry) = Self::current(&mut self.workers, &mut self.stats, worker_id, epoch)
+        else {
+            return;
+        };
+        if !from(entry) {
+            tracing::warn!(worker = %worker_id, "goodbye for a worker from another connection; ignored");
+            Self::foreign(&mut self.stats);
+            return;
+        }
+        {
             tracing::info!(worker = %worker_id, "worker said goodbye");
             self.end_worker(worker_id, "the worker shut down", now, out);
         }

@@ -35,6 +35,7 @@ fn hello(epoch: u64, k: u32) -> WorkerToTp {
         kv_capacity_tokens: 32_768,
         draft_kv_bytes: 0,
         max_num_seqs: 16,
+        session: 7,
     })
 }
 
@@ -716,4 +717,103 @@ fn a_hello_of_the_same_epoch_takes_draft_kv_bytes_and_a_new_proposer() {
     ingest.tick(at(1_000), &mut Outbox::default());
     assert!(ingest.live_worker_hellos().is_empty());
     assert_ne!(ingest.roster_version(), before_loss);
+}
+
+/// A stranger that learned the worker's epoch (any api-server's hello reveals it) sends, on its
+/// own connection: a goodbye, a heartbeat announcing a seq near 2^64, a batch, a resync, and a
+/// hello of the live epoch without the worker's session. Nothing changes for the requests in
+/// flight; the worker's own connection goes on; a reconnect of the worker itself (its session)
+/// moves the binding.
+#[test]
+fn frames_for_a_worker_from_another_connection_act_for_nothing() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    started(&mut ingest);
+    let stranger = bytes::Bytes::from_static(b"stranger");
+    let from_stranger = |ingest: &mut Ingest, msg: WorkerToTp| {
+        let mut out = Outbox::default();
+        let reply = ingest.handle_from(&stranger, msg, at(3), Instant::now(), &mut out);
+        assert_eq!(out.drain_outputs().count(), 0, "no output changed");
+        reply
+    };
+    let goodbye = WorkerToTp::Goodbye {
+        worker_id: W.into(),
+        epoch: 1,
+    };
+    assert_eq!(from_stranger(&mut ingest, goodbye), None);
+    assert_eq!(
+        from_stranger(&mut ingest, heartbeat_of(1, u64::MAX - 1)),
+        Some(TpToWorker::AskHello)
+    );
+    let batch = B::new(1, 2)
+        .verify(1, 4, 4, Some(FinishReason::Length))
+        .msg();
+    assert_eq!(
+        from_stranger(&mut ingest, batch),
+        Some(TpToWorker::AskHello)
+    );
+    assert_eq!(
+        from_stranger(&mut ingest, resync_of(99, Vec::new())),
+        Some(TpToWorker::AskHello)
+    );
+    let WorkerToTp::Hello(mut no_session) = hello(1, 4) else {
+        unreachable!()
+    };
+    no_session.session = 0;
+    assert!(matches!(
+        from_stranger(&mut ingest, WorkerToTp::Hello(no_session)),
+        Some(TpToWorker::Refused { .. })
+    ));
+    assert_eq!(ingest.in_flight(), 2, "both requests still in flight");
+    assert_eq!(ingest.stats().foreign_frames, 5);
+    assert_eq!(ingest.worker(W).unwrap().next_seq, Some(2));
+
+    // The worker's own connection is still heard: its next batch is in sequence.
+    let outputs = feed(
+        &mut ingest,
+        B::new(1, 2).verify(1, 4, 1, Some(FinishReason::Stop)).msg(),
+        4,
+    );
+    assert_eq!(finals(&outputs).len(), 1);
+    // The worker reconnects (a new connection) with its session: heard from there on.
+    let moved = bytes::Bytes::from_static(b"reconnected");
+    let mut out = Outbox::default();
+    assert_eq!(
+        ingest.handle_from(&moved, hello(1, 4), at(5), Instant::now(), &mut out),
+        None
+    );
+    assert_eq!(
+        reply(&mut ingest, heartbeat_of(1, 3), 6),
+        Some(TpToWorker::AskHello),
+        "the old connection no longer acts for it"
+    );
+}
+
+#[test]
+fn a_hello_with_fields_out_of_bounds_is_refused_with_the_reason() {
+    let mut ingest = Ingest::new(IngestConfig::default());
+    let with = |change: &dyn Fn(&mut WorkerHello)| {
+        let WorkerToTp::Hello(mut h) = hello(1, 4) else {
+            unreachable!()
+        };
+        change(&mut h);
+        WorkerToTp::Hello(h)
+    };
+    type Change<'a> = &'a dyn Fn(&mut WorkerHello);
+    let cases: [(Change, &str); 5] = [
+        (&|h| h.worker_id = "w".repeat(1000), "peer id"),
+        (&|h| h.model = "m\n".into(), "model name"),
+        (
+            &|h| h.heartbeat_interval_ms = u32::MAX,
+            "heartbeat_interval_ms",
+        ),
+        (&|h| h.max_model_len = u32::MAX, "max_model_len"),
+        (&|h| h.max_num_seqs = u32::MAX, "max_num_seqs"),
+    ];
+    for (change, named) in cases {
+        match reply(&mut ingest, with(change), 0) {
+            Some(TpToWorker::Refused { reason }) => assert!(reason.contains(named), "{reason}"),
+            other => panic!("{named}: {other:?}"),
+        }
+    }
+    assert_eq!(ingest.live_workers(), 0);
 }
