@@ -42,9 +42,10 @@ impl BodyLimits {
         }
     }
 
-    /// One of the heavy permits, waited for at most [`HEAVY_PERMIT_WAIT`].
+    /// One of the heavy permits, waited for at most the body's read timeout (then a 503): a
+    /// burst of large bodies cannot queue requests without bound behind it.
     async fn heavy_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
-        match tokio::time::timeout(HEAVY_PERMIT_WAIT, self.heavy.acquire()).await {
+        match tokio::time::timeout(self.read_timeout, self.heavy.acquire()).await {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) => Err(ApiError::Internal),
             Err(_) => Err(ApiError::unavailable(
@@ -152,10 +153,6 @@ pub fn declared_json(headers: &HeaderMap) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
-/// How long a heavy body waits for one of the heavy permits before a 503: a burst of large
-/// bodies cannot queue requests without bound behind it.
-pub const HEAVY_PERMIT_WAIT: Duration = Duration::from_secs(10);
-
 /// Reads and parses the body as `T`.
 pub async fn read_json<T: DeserializeOwned + Send + 'static>(
     headers: &HeaderMap,
@@ -217,6 +214,36 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// While every heavy permit is held, a heavy body gets a 503 after the read timeout instead
+    /// of waiting for good; a light one is read at once.
+    #[tokio::test]
+    async fn a_heavy_body_waits_for_a_permit_at_most_the_read_timeout() {
+        let limits = BodyLimits::new(1 << 20, Duration::from_millis(200), 1);
+        let held = limits.heavy_permit().await.unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::CONTENT_TYPE,
+            "application/json".parse().unwrap(),
+        );
+        // No Content-Length: of unknown length, so heavy.
+        let started = tokio::time::Instant::now();
+        let heavy = read_json::<Value>(&headers, Body::from("{}"), &limits).await;
+        assert!(
+            matches!(heavy, Err(ApiError::Unavailable { .. })),
+            "{heavy:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        headers.insert(axum::http::header::CONTENT_LENGTH, "2".parse().unwrap());
+        assert!(read_json::<Value>(&headers, Body::from("{}"), &limits)
+            .await
+            .is_ok());
+        drop(held);
+        headers.remove(axum::http::header::CONTENT_LENGTH);
+        assert!(read_json::<Value>(&headers, Body::from("{}"), &limits)
+            .await
+            .is_ok());
+    }
 
     #[test]
     fn only_json_bodies_are_read() {
