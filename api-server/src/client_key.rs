@@ -1,6 +1,7 @@
 //! Who a request is for fair admission: its API key where it sends one, else its peer's
 //! address (without the port: one machine is one client). Read from the request's parts; the
-//! key is hashed with a per-process random key, so neither keys nor addresses are kept.
+//! key is hashed with a per-process random key, so neither keys nor addresses are kept. Also
+//! its connection's socket ([`ClientSocket`]), by which a stream judges whether it is read.
 
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
@@ -30,6 +31,18 @@ pub fn client_of(parts: &Parts) -> ClientKey {
     match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
         Some(ConnectInfo(addr)) => hashed("addr", addr.ip().to_string().as_bytes()),
         None => ClientKey::unknown(),
+    }
+}
+
+/// The socket of the request's connection, where the server put one (not in in-process tests).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSocket(pub Option<link::http::ConnectionSocket>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientSocket {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(parts.extensions.get().copied()))
     }
 }
 

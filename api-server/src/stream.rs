@@ -8,6 +8,11 @@
 //! requests and gives their admitted sequences back, and the body ends with an error, so the
 //! connection closes without the chunked terminator. The same happens at once when the client
 //! goes away (the body is dropped).
+//!
+//! "Takes nothing" is read off the connection's socket where there is one: bytes wait to reach
+//! the client and none was acknowledged for the write timeout (`TCP_INFO`), so the timeout
+//! counts from the client's last read, not from when the buffers between us filled. Without a
+//! socket (in-process tests) the stream's queue staying full for the timeout says the same.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,6 +23,8 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, Stream, StreamExt};
 use serde::Serialize;
+
+use link::http::ConnectionSocket;
 
 use crate::engine::Engine;
 use crate::error::ApiError;
@@ -86,14 +93,21 @@ pub async fn first_updates<E: Engine>(
     .await
 }
 
+/// How a stream learns that its client stopped reading.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    pub write_timeout: Duration,
+    pub socket: Option<ConnectionSocket>,
+}
+
 /// Merges the lanes' updates into one SSE body, each update written as one chunk; a client that
-/// reads nothing for `write_timeout` loses the stream (see the module's doc).
+/// reads nothing for the write timeout loses the stream (see the module's doc).
 pub fn sse_response<E: Engine>(
     lanes: Vec<PrimedLane<E>>,
     chunks: impl StreamChunks,
     include_usage: bool,
     n: u32,
-    write_timeout: Duration,
+    delivery: Delivery,
 ) -> Response {
     let updates = stream::select_all(lanes.into_iter().map(|PrimedLane { lane, first }| {
         Box::pin(
@@ -104,7 +118,7 @@ pub fn sse_response<E: Engine>(
     }));
     let opening = chunks.opening();
     let chunks = stream::iter(opening).chain(events(updates, include_usage, n, chunks));
-    let mut response = Body::from_stream(drive(chunks, write_timeout)).into_response();
+    let mut response = Body::from_stream(drive(chunks, delivery)).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -118,32 +132,38 @@ pub fn sse_response<E: Engine>(
 /// the task gave up on a client that stopped reading.
 fn drive(
     chunks: impl Stream<Item = Bytes> + Send + 'static,
-    write_timeout: Duration,
+    delivery: Delivery,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let write_timeout = delivery.write_timeout;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(STREAM_QUEUE_CHUNKS);
     let gave_up = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&gave_up);
     tokio::spawn(async move {
         let mut chunks = std::pin::pin!(chunks);
-        loop {
+        let mut unread = std::pin::pin!(unread_for(delivery));
+        let stopped_reading = loop {
             let chunk = tokio::select! {
                 chunk = chunks.next() => chunk,
                 // The body was dropped: the client went away.
                 () = tx.closed() => return,
+                () = &mut unread => break true,
             };
             let Some(chunk) = chunk else { return };
-            match tokio::time::timeout(write_timeout, tx.send(chunk)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    flag.store(true, Ordering::Release);
-                    tracing::info!(
-                        write_timeout_s = write_timeout.as_secs_f64(),
-                        "a stream's client read nothing for the write timeout; stream dropped"
-                    );
-                    return;
-                }
+            tokio::select! {
+                sent = tokio::time::timeout(write_timeout, tx.send(chunk)) => match sent {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => break true,
+                },
+                () = &mut unread => break true,
             }
+        };
+        if stopped_reading {
+            flag.store(true, Ordering::Release);
+            tracing::info!(
+                write_timeout_s = write_timeout.as_secs_f64(),
+                "a stream's client read nothing for the write timeout; stream dropped"
+            );
         }
     });
     let received = stream::unfold(rx, |mut rx| async move {
@@ -161,6 +181,33 @@ fn drive(
     })
     .filter_map(std::future::ready);
     received.chain(ending)
+}
+
+/// Resolves once the connection's socket shows bytes waiting for the client and none
+/// acknowledged for the write timeout; never without a socket.
+async fn unread_for(delivery: Delivery) {
+    let Some(socket) = delivery.socket else {
+        return std::future::pending().await;
+    };
+    let timeout = delivery.write_timeout;
+    let mut check = tokio::time::interval(
+        (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(500)),
+    );
+    let mut acked = None;
+    let mut progress = tokio::time::Instant::now();
+    loop {
+        let now = check.tick().await;
+        let Some(seen) = socket.delivery() else {
+            // The socket is gone: the connection ends, and the body with it.
+            return std::future::pending().await;
+        };
+        if seen.pending == 0 || acked != Some(seen.acked) {
+            acked = Some(seen.acked);
+            progress = now;
+        } else if now.duration_since(progress) >= timeout {
+            return;
+        }
+    }
 }
 
 fn events<S, C>(updates: S, include_usage: bool, n: u32, chunks: C) -> impl Stream<Item = Bytes>

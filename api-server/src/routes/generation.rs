@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::AppState;
 use crate::body::{read_json, Parsed};
+use crate::client_key::ClientSocket;
 use crate::engine::admission::ClientKey;
 use crate::engine::Engine;
 use crate::error::ApiError;
@@ -22,7 +23,9 @@ use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, Lane};
 use crate::model::ModelAssets;
 use crate::openai::responses::{response_id, unix_now, Chunk, Usage, UsageField, WholeResponse};
 use crate::openai::validate::{check_model, GenerateSpec, Limits};
-use crate::stream::{first_updates, sse_event, sse_response, StreamChunks, FIRST_UPDATE_PATIENCE};
+use crate::stream::{
+    first_updates, sse_event, sse_response, Delivery, StreamChunks, FIRST_UPDATE_PATIENCE,
+};
 
 /// What one generation route does its own way.
 pub trait Flavour: Send + Sync + 'static {
@@ -55,6 +58,7 @@ pub trait Flavour: Send + Sync + 'static {
 pub async fn handle<E: Engine, F: Flavour>(
     State(state): State<AppState<E>>,
     client: ClientKey,
+    ClientSocket(socket): ClientSocket,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -92,7 +96,10 @@ pub async fn handle<E: Engine, F: Flavour>(
             chunks,
             spec.include_usage,
             spec.n,
-            state.stream_write_timeout,
+            Delivery {
+                write_timeout: state.stream_write_timeout,
+                socket,
+            },
         ));
     }
     answer_whole::<F, _>(lanes, head, spec.n).await

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,7 +142,8 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection = http.serve_connection(TokioIo::new(stream), with_peer(&app, peer));
+        let socket = ConnectionSocket(stream.as_raw_fd());
+        let connection = http.serve_connection(TokioIo::new(stream), with_peer(&app, peer, socket));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -154,11 +156,58 @@ pub async fn serve(
     graceful.shutdown().await;
 }
 
-/// `app` for one connection from `peer`: each request carries the address as
-/// `ConnectInfo<SocketAddr>` (the api-server's fair admission tells clients apart by it).
+/// The accepted socket of a request's connection, to judge whether its client still reads
+/// (a response's body task holds it no longer than the connection: when the connection ends,
+/// the body is dropped and the task stops).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionSocket(RawFd);
+
+/// What a connection's socket says of the bytes written to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// Bytes the client has acknowledged since the connection opened.
+    pub acked: u64,
+    /// Bytes written and not yet acknowledged (sent or still queued in the kernel).
+    pub pending: u64,
+}
+
+impl ConnectionSocket {
+    /// The kernel's figures now (`TCP_INFO`, `SIOCOUTQ`); None if the socket is gone.
+    pub fn delivery(&self) -> Option<Delivery> {
+        // SAFETY: both calls only write into the values passed, sized as given; a closed or
+        // reused descriptor makes them fail or describe another socket, never corrupt memory.
+        unsafe {
+            let mut info: libc::tcp_info = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            let got = libc::getsockopt(
+                self.0,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            );
+            if got != 0 {
+                return None;
+            }
+            let mut queued: libc::c_int = 0;
+            if libc::ioctl(self.0, libc::TIOCOUTQ, &mut queued) != 0 {
+                return None;
+            }
+            Some(Delivery {
+                acked: info.tcpi_bytes_acked,
+                pending: u64::try_from(queued).unwrap_or(0),
+            })
+        }
+    }
+}
+
+/// `app` for one connection from `peer` on `socket`: each request carries the address as
+/// `ConnectInfo<SocketAddr>` (the api-server's fair admission tells clients apart by it) and
+/// the [`ConnectionSocket`].
 fn with_peer(
     app: &Router,
     peer: SocketAddr,
+    socket: ConnectionSocket,
 ) -> impl hyper::service::Service<
     hyper::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -168,6 +217,7 @@ fn with_peer(
     let app = TowerToHyperService::new(app.clone());
     hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
+        request.extensions_mut().insert(socket);
         app.call(request)
     })
 }
