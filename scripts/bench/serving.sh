@@ -18,6 +18,10 @@
 #   LLAMA_SERVER       llama-server binary; default <repo>/.tools/llama.cpp/build/bin/llama-server
 #                      when it exists (scripts/bench/build-llama-server.sh builds it), else skipped
 #   SKIP_LLAMA=1       do not run llama-server
+#   LLAMA_SETTINGS     space-separated NAME[:draft=PATH] llama-server runs (default
+#                      "llama-server"): draft=PATH adds --model-draft PATH --spec-type
+#                      draft-simple --spec-draft-n-max 4 (llama.cpp's draft speculation, greedy),
+#                      e.g. "llama-server llama-q40:draft=/tmp/q4_0.gguf"
 #   MODEL              GGUF model; default models/SmolLM2-135M-Instruct.Q4_1.gguf (fetched)
 #   THREADS            llama-server threads (default 2)
 #   LLAMA_EXTRA_ARGS   more llama-server options; default "--no-repack" on a CPU that lists AMX
@@ -68,6 +72,7 @@ if [ -z "$llama" ] && [ -x "$root/.tools/llama.cpp/build/bin/llama-server" ]; th
   llama="$root/.tools/llama.cpp/build/bin/llama-server"
 fi
 [ "${SKIP_LLAMA:-0}" = 1 ] && llama=""
+llama_settings="${LLAMA_SETTINGS:-llama-server}"
 if [ -z "${LLAMA_EXTRA_ARGS+set}" ]; then
   LLAMA_EXTRA_ARGS=""
   grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && LLAMA_EXTRA_ARGS="--no-repack"
@@ -162,21 +167,33 @@ run_client() {  # NAME URL; the result lands in $out_dir/$tag-NAME$suffix.json
   return 0
 }
 
+run_llama() {  # NAME [DRAFT]: one llama-server run
+  local name="$1" draft="${2:-}"
+  local draft_args=()
+  [ -n "$draft" ] && draft_args=(--model-draft "$draft" --spec-type draft-simple --spec-draft-n-max 4)
+  port="$(free_port)"
+  log="$out_dir/$tag-$name$suffix.log"
+  echo "== $name ($llama${LLAMA_EXTRA_ARGS:+ $LLAMA_EXTRA_ARGS}${draft:+, draft $draft}) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
+  setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off "${llama_extra[@]}" \
+    "${draft_args[@]}" --host 127.0.0.1 --port "$port" -c $((4096 * concurrency)) >"$log" 2>&1 &
+  srv_pid=$!
+  if wait_healthy "http://127.0.0.1:$port/health" 300 "$name"; then
+    run_client "$name" "http://127.0.0.1:$port"
+  else
+    tail -n 20 "$log" >&2
+    status=1
+  fi
+  stop_server
+}
+
 run_round() {  # llama-server (when given), then every specula setting, one at a time
   if [ -n "$llama" ]; then
-    port="$(free_port)"
-    log="$out_dir/$tag-llama-server$suffix.log"
-    echo "== llama-server ($llama${LLAMA_EXTRA_ARGS:+ $LLAMA_EXTRA_ARGS}) on 127.0.0.1:$port, $concurrency slots; log $log" >&2
-    setsid "$llama" -m "$MODEL" -t "$threads" --parallel "$concurrency" -fa off "${llama_extra[@]}" \
-      --host 127.0.0.1 --port "$port" -c $((4096 * concurrency)) >"$log" 2>&1 &
-    srv_pid=$!
-    if wait_healthy "http://127.0.0.1:$port/health" 300 llama-server; then
-      run_client llama-server "http://127.0.0.1:$port"
-    else
-      tail -n 20 "$log" >&2
-      status=1
-    fi
-    stop_server
+    for lsetting in $llama_settings; do
+      lname="${lsetting%%:*}"
+      ldraft=""
+      [ "$lsetting" != "$lname" ] && ldraft="${lsetting#*:draft=}"
+      run_llama "$lname" "$ldraft"
+    done
   else
     echo "== llama-server: skipped (SKIP_LLAMA=1, or no binary: scripts/bench/build-llama-server.sh builds one)" >&2
   fi
@@ -243,7 +260,7 @@ if [ ${#names[@]} -gt 0 ]; then
   baselines=()
   if [ -n "${files[k0]+set}" ]; then baselines+=(--baseline k0)
   elif [ -n "$first_spec" ]; then baselines+=(--baseline "$first_spec"); fi
-  [ -n "$llama" ] && baselines+=(--baseline llama-server)
+  [ -n "${files[llama-server]+set}" ] && baselines+=(--baseline llama-server)
   "${serving[@]}" --table "${results[@]}" "${baselines[@]}" >>"$summary" || status=1
 fi
 echo

@@ -452,6 +452,7 @@ impl<B: Backend> Engine<B> {
                 proposed: drafts.len(),
                 strength: *strength,
                 acceptance: &s.acceptance,
+                catch_up: 0,
             })
             .collect();
         let lengths = self.planner.plan(&candidates, verify_rows, None);
@@ -478,6 +479,10 @@ impl<B: Backend> Engine<B> {
                 },
                 strength: MODEL_DRAFT_STRENGTH,
                 acceptance: &s.acceptance,
+                catch_up: match drafting(s) {
+                    true => drafter.catch_up(s.id, &s.tokens, s.blocks.blocks()),
+                    false => 0,
+                },
             })
             .collect();
         let lengths = self

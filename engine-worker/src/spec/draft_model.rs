@@ -197,6 +197,20 @@ impl ModelDrafter {
         Ok(drafts)
     }
 
+    /// Tokens of `seq` (with `tokens` and block table `table`) the drafter must run through
+    /// before its next draft beyond the one a draft forward always takes: what its own cache
+    /// lacks (a draft model's cache fills only when the sequence drafts). The target's layers
+    /// read the target's cache, which is always current.
+    pub fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
+        match self.source {
+            DraftSource::Model(_) => {
+                let last = tokens.len().saturating_sub(1);
+                last.saturating_sub(self.kv.start(seq, tokens, table))
+            }
+            DraftSource::TargetLayers(_) => 0,
+        }
+    }
+
     /// Where the forward of draft position `position` starts for `job`: after what the draft
     /// cache holds for the first, at the previous draft for the rest.
     fn chunk_start(&mut self, job: &DraftJob<'_>, position: usize) -> usize {
