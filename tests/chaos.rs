@@ -209,6 +209,9 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
             break;
         }
     }
+    // A 200 that arrived late (a request sent just inside the window and answered long after)
+    // is not a recovery within the bound.
+    let recovered = recovered.filter(|took| *took <= RECOVERY);
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         tokio::time::timeout(hung_after() + detection_bound(), c)
@@ -229,7 +232,7 @@ async fn chaos_every_request_ends_exactly_or_with_an_explicit_error() {
     );
     assert!(
         recovered.is_some(),
-        "no request succeeded within {RECOVERY:?} of the stack being healthy after the last fault"
+        "no request was answered 200 within {RECOVERY:?} of the stack being healthy after the last fault"
     );
     assert_eq!(counts.hung, 0, "requests hung");
     assert!(counts.wrong_text.is_empty(), "{:?}", counts.wrong_text);
