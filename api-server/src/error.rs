@@ -12,9 +12,14 @@ pub enum ApiError {
     /// Syntactically broken JSON, a body that is not an object, or nesting past the cap.
     #[error("{message}")]
     InvalidJson { message: String },
-    /// Well-formed JSON whose fields do not match the request schema.
+    /// Well-formed JSON whose fields do not match the request schema (a wrong type, a missing
+    /// field): 400, as OpenAI and vLLM answer.
     #[error("{message}")]
     Schema { message: String },
+    /// A field the server neither serves nor lists as accepted without effect: refused rather
+    /// than dropped, so a client never gets a 200 that ignored what it asked for.
+    #[error("unsupported field `{field}`: {reason}")]
+    UnsupportedField { field: String, reason: String },
     /// A field with a value outside what the server accepts.
     #[error("{message}")]
     InvalidParam {
@@ -63,7 +68,7 @@ pub struct ErrorBody {
     pub message: String,
     #[serde(rename = "type")]
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<String>,
     pub code: Option<&'static str>,
 }
 
@@ -75,6 +80,13 @@ impl ApiError {
         }
     }
 
+    pub fn unsupported(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::UnsupportedField {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::Unavailable {
             message: message.into(),
@@ -83,10 +95,11 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidJson { .. } | Self::InvalidParam { .. } | Self::ContextLength { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::Schema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidJson { .. }
+            | Self::Schema { .. }
+            | Self::UnsupportedField { .. }
+            | Self::InvalidParam { .. }
+            | Self::ContextLength { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::ForbiddenOrigin { .. } => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -104,13 +117,20 @@ impl ApiError {
         let (kind, code, param) = match self {
             Self::InvalidJson { .. } => ("invalid_request_error", Some("invalid_json"), None),
             Self::Schema { .. } => ("invalid_request_error", Some("invalid_schema"), None),
-            Self::InvalidParam { param, .. } => {
-                ("invalid_request_error", Some("invalid_value"), Some(*param))
-            }
+            Self::UnsupportedField { field, .. } => (
+                "invalid_request_error",
+                Some("unsupported_field"),
+                Some(field.clone()),
+            ),
+            Self::InvalidParam { param, .. } => (
+                "invalid_request_error",
+                Some("invalid_value"),
+                Some((*param).to_owned()),
+            ),
             Self::ContextLength { param, .. } => (
                 "invalid_request_error",
                 Some("context_length_exceeded"),
-                Some(*param),
+                Some((*param).to_owned()),
             ),
             Self::Unauthorized => ("invalid_request_error", Some("invalid_api_key"), None),
             Self::ForbiddenOrigin { .. } => {
@@ -124,7 +144,7 @@ impl ApiError {
             Self::ModelNotFound { .. } => (
                 "invalid_request_error",
                 Some("model_not_found"),
-                Some("model"),
+                Some("model".to_owned()),
             ),
             Self::RouteNotFound { .. } => ("invalid_request_error", Some("unknown_url"), None),
             Self::BodyTooLarge { .. } => ("invalid_request_error", Some("body_too_large"), None),

@@ -263,14 +263,22 @@ async fn slow_and_idle_clients_are_disconnected_and_others_still_served() {
 
 /// Writes `request` on a fresh connection and returns the status line of the answer (empty
 /// when the server closed without one).
-fn status_line(addr: &str, request: &[u8], limit: Duration) -> String {
-    use std::io::{BufRead, BufReader, Write};
+/// The whole response to `request` as text: until the server closes, or `limit` passes
+/// without a byte.
+fn response_text(addr: &str, request: &[u8], limit: Duration) -> String {
+    use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(limit)).unwrap();
     stream.write_all(request).unwrap();
-    let mut line = String::new();
-    let _ = BufReader::new(stream).read_line(&mut line);
-    line
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[tokio::test]
@@ -293,12 +301,24 @@ async fn a_trickled_body_gets_408_and_a_heavy_body_is_served() {
     let started = std::time::Instant::now();
     let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
                 Content-Length: 1000\r\n\r\n{\"prompt\":";
-    let line = tokio::task::spawn_blocking(move || {
-        status_line(&addr, head.as_bytes(), Duration::from_secs(10))
+    let addr_408 = addr.clone();
+    let response = tokio::task::spawn_blocking(move || {
+        response_text(&addr_408, head.as_bytes(), Duration::from_secs(10))
     })
     .await
     .unwrap();
-    assert!(line.starts_with("HTTP/1.1 408"), "{line:?}");
+    assert!(response.starts_with("HTTP/1.1 408"), "{response:?}");
+    // The OpenAI envelope, saying what happened.
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let envelope: serde_json::Value = serde_json::from_str(body.trim())
+        .unwrap_or_else(|e| panic!("408 body is not JSON ({e}): {response:?}"));
+    assert_eq!(envelope["error"]["code"], "body_timeout", "{envelope}");
+    assert!(
+        envelope["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("did not arrive within 1 s")),
+        "{envelope}"
+    );
     assert!(
         started.elapsed() < body_timeout + support::SLACK,
         "{:?}",

@@ -52,7 +52,7 @@ fn with_code(mut case: Case, code: &'static str) -> Case {
 
 fn cases() -> Vec<Case> {
     let bad = StatusCode::BAD_REQUEST;
-    let schema = StatusCode::UNPROCESSABLE_ENTITY;
+    let schema = StatusCode::BAD_REQUEST;
     let deep = format!("{{\"prompt\": {}1{}}}", "[".repeat(5000), "]".repeat(5000));
     let long_prompt: Vec<u32> = vec![504; 9000];
     let user = |c: &str| json!({"role": "user", "content": c});
@@ -211,7 +211,11 @@ fn cases() -> Vec<Case> {
         ),
         completion("logprobs requested", json!({"logprobs": 3}), bad),
         completion("echo requested", json!({"echo": true}), bad),
-        completion("presence penalty", json!({"presence_penalty": 1.0}), bad),
+        completion(
+            "presence penalty past 2",
+            json!({"presence_penalty": 2.5}),
+            bad,
+        ),
         completion("too many prompts", json!({"prompt": vec!["hi"; 100]}), bad),
         chat(
             "chat without messages",

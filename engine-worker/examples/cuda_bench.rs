@@ -97,6 +97,7 @@ mod bench {
         sampling: &SamplingParams::GREEDY,
         seed: 0,
         first_position: 0,
+        history: engine_worker::sampling::History::EMPTY,
     };
 
     /// One decode measurement: timed steps' wall time and phases, and the tokens they made.

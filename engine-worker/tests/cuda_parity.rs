@@ -409,8 +409,10 @@ fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
         top_p: 0.9,
         top_k: 0,
         seed: Some(3),
+        processors: proto::api_worker::LogitsProcessors::NONE,
     };
     // All greedy (decided on the device), then a batch with a sampled request (on the host).
+    let greedy = SamplingParams::GREEDY;
     for params in [SamplingParams::GREEDY, sampled] {
         let (mut host_side, mut device_side, chunks, tables) = verify_setup(ordinal);
         let v = host_side.config().vocab_size;
@@ -423,13 +425,10 @@ fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
             .collect();
         let choices: Vec<TokenChoice<'_>> = (0..batch.len())
             .map(|i| TokenChoice {
-                sampling: if i == 0 {
-                    &params
-                } else {
-                    &SamplingParams::GREEDY
-                },
+                sampling: if i == 0 { &params } else { &greedy },
                 seed: 11 + i as u64,
                 first_position: i,
+                history: engine_worker::sampling::History::EMPTY,
             })
             .collect();
         let logits = host_side.forward(&batch).unwrap();

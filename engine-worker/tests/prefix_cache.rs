@@ -77,6 +77,7 @@ fn requests(n: usize, seed: u64) -> Vec<(Vec<u32>, u32, SamplingParams)> {
         top_p: 0.95,
         top_k: 20,
         seed: Some(seed),
+        processors: proto::api_worker::LogitsProcessors::NONE,
     };
     prompts(n, seed)
         .into_iter()

@@ -51,6 +51,7 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize, u64) {
                     top_p: 0.9,
                     top_k: 10,
                     seed: Some(next_id),
+                    processors: proto::api_worker::LogitsProcessors::NONE,
                 }
             };
             let max_tokens = rng.gen_range(1..60);

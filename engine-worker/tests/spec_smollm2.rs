@@ -279,6 +279,7 @@ fn seeded_sampling_draws_the_tokens_of_plain_sampling_whatever_is_drafted() {
         top_p: 0.95,
         top_k: 50,
         seed: Some(seed),
+        processors: proto::api_worker::LogitsProcessors::NONE,
     };
     let reqs: Vec<_> = all[..12]
         .iter()

@@ -26,6 +26,8 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// Per-request seed; the same request with the same seed gives the same tokens.
     pub seed: Option<u64>,
+    /// Penalties, bias and the like, applied to the logits before the choice.
+    pub processors: LogitsProcessors,
 }
 
 impl SamplingParams {
@@ -34,7 +36,48 @@ impl SamplingParams {
         top_p: 1.0,
         top_k: 0,
         seed: None,
+        processors: LogitsProcessors::NONE,
     };
+}
+
+/// Logits processors with vLLM's meanings. [`LogitsProcessors::NONE`] changes nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogitsProcessors {
+    /// Subtracted from the logit of every token the output holds (OpenAI's range -2..2).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// A token in the prompt or the output has a positive logit divided, a negative one
+    /// multiplied, by this (CTRL, Keskar et al. 2019); 1 means off.
+    pub repetition_penalty: f32,
+    /// Sampling keeps only tokens whose probability is at least this times the top token's;
+    /// 0 means off (greedy choices are unaffected).
+    pub min_p: f32,
+    /// Before this many output tokens, EOS and the stop tokens cannot be chosen and stop
+    /// strings do not end the request.
+    pub min_tokens: u32,
+    /// Added to the listed tokens' logits, `(token id, bias)`.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl LogitsProcessors {
+    pub const NONE: Self = Self {
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        repetition_penalty: 1.0,
+        min_p: 0.0,
+        min_tokens: 0,
+        logit_bias: Vec::new(),
+    };
+
+    /// Whether any processor changes the logits (min_p acts later, on the distribution).
+    pub fn changes_logits(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+            || self.min_tokens > 0
+            || !self.logit_bias.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -30,7 +30,7 @@ pub use metrics::SpeculateMetrics;
 pub use types::{FinishReason, RequestId};
 
 /// Version of the wire protocol; bump on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Fails with [`ProtoError::VersionMismatch`] unless the peer speaks [`PROTOCOL_VERSION`].
 pub fn check_version(peer: &str, peer_version: u32) -> Result<(), ProtoError> {

@@ -1,7 +1,11 @@
 //! Request bodies of `/v1/completions` and `/v1/chat/completions`, with the fields vLLM accepts.
 //! Numbers are read wide (i64/f64) so out-of-range values get a clear 400 from
-//! [`validate`](super::validate) instead of a type error; unknown fields are ignored, as vLLM
-//! does.
+//! [`validate`](super::validate) instead of a type error. Fields the server does not know land
+//! in `unknown` and are refused with a 400 naming them: a field is served with its meaning or
+//! refused, never dropped (vLLM drops them with a warning; a client asking for a JSON schema
+//! would get free text with a 200).
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -47,8 +51,17 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub min_p: Option<f64>,
+    pub min_tokens: Option<i64>,
     pub logit_bias: Option<Value>,
+    pub response_format: Option<Value>,
+    /// Accepted without effect on the output (OpenAI's stored-completion tags).
+    pub metadata: Option<Value>,
 }
+
+/// Fields of a request body that no struct field took, by name.
+pub type UnknownFields = BTreeMap<String, Value>;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
@@ -60,6 +73,9 @@ pub struct CompletionRequest {
     pub logprobs: Option<Value>,
     pub best_of: Option<i64>,
     pub suffix: Option<Value>,
+    /// Must come after every other flattened field: serde gives it what they left.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 /// One content part of a chat message; only text parts are supported.
@@ -82,6 +98,8 @@ pub struct ChatMessage {
     pub role: String,
     pub content: Option<MessageContent>,
     pub name: Option<String>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -94,6 +112,36 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
     pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
     /// vLLM extension: end the prompt with the assistant's turn header (default true).
     pub add_generation_prompt: Option<bool>,
+    /// Must come after every other flattened field: serde gives it what they left.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `POST /tokenize` (vLLM's shape): a completion `prompt` or chat `messages`, exactly one.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Default true for a prompt (BOS as the completions route adds it), false for messages
+    /// (the template writes them).
+    pub add_special_tokens: Option<bool>,
+    /// Messages only (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Also return each token's text.
+    pub return_token_strs: Option<bool>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+/// `POST /detokenize` (vLLM's shape).
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }

@@ -174,3 +174,18 @@ pub fn unix_now() -> u64 {
 pub fn response_id(prefix: &str) -> String {
     format!("{prefix}-{:032x}", rand::random::<u128>())
 }
+
+/// `POST /tokenize`'s answer (vLLM's shape).
+#[derive(Debug, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: u32,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// `POST /detokenize`'s answer (vLLM's shape).
+#[derive(Debug, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}

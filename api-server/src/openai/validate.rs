@@ -1,14 +1,20 @@
 //! Turns a parsed request into engine parameters, rejecting every value the engine cannot honour
 //! with a 400 that names the field.
 
-use proto::api_worker::{SamplingParams, StopConditions};
+use proto::api_worker::{LogitsProcessors, SamplingParams, StopConditions};
+
+use serde_json::Value;
 
 use super::requests::{
     ChatCompletionRequest, ChatMessage, MessageContent, PromptInput, SamplingFields, StopInput,
+    UnknownFields,
 };
 use crate::error::ApiError;
 use crate::template::{ChatTemplate, TemplateMessage};
 use crate::tokenizer::Tokenizer;
+
+/// Most `logit_bias` entries a request may carry (the worker's bound).
+const MAX_LOGIT_BIAS: usize = 1024;
 
 /// Caps on what one request may ask for.
 #[derive(Debug, Clone)]
@@ -75,7 +81,12 @@ pub fn check_model(requested: Option<&str>, names: &[String]) -> Result<(), ApiE
     }
 }
 
-fn token_ids(ids: &[i64], tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// Token ids given by a client (field `param`), each inside the vocabulary.
+pub fn token_ids(
+    param: &'static str,
+    ids: &[i64],
+    tokenizer: &Tokenizer,
+) -> Result<Vec<u32>, ApiError> {
     let vocab = tokenizer.vocab_size() as i64;
     ids.iter()
         .map(|&id| {
@@ -83,7 +94,7 @@ fn token_ids(ids: &[i64], tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
                 Ok(id as u32)
             } else {
                 Err(ApiError::invalid(
-                    "prompt",
+                    param,
                     format!("token id {id} is outside the vocabulary (0..{vocab})"),
                 ))
             }
@@ -115,10 +126,10 @@ pub fn completion_prompts(
             .iter()
             .map(|t| tokenizer.encode_prompt(t))
             .collect::<Result<Vec<_>, _>>()?,
-        PromptInput::Ids(ids) => vec![token_ids(ids, tokenizer)?],
+        PromptInput::Ids(ids) => vec![token_ids("prompt", ids, tokenizer)?],
         PromptInput::IdLists(lists) => lists
             .iter()
-            .map(|ids| token_ids(ids, tokenizer))
+            .map(|ids| token_ids("prompt", ids, tokenizer))
             .collect::<Result<Vec<_>, _>>()?,
     };
     if prompts.is_empty() {
@@ -130,9 +141,30 @@ pub fn completion_prompts(
     Ok(prompts)
 }
 
+/// Refuses the first field of `unknown` (named with `prefix`, e.g. `messages[2].`).
+pub fn refuse_unknown(unknown: &UnknownFields, prefix: &str) -> Result<(), ApiError> {
+    match unknown.keys().next() {
+        None => Ok(()),
+        Some(field) => {
+            // Clients choose the name; keep the echo short.
+            let field: String = field.chars().take(64).collect();
+            Err(ApiError::unsupported(
+                format!("{prefix}{field}"),
+                "this server does not serve this field (see the README's list of request fields)",
+            ))
+        }
+    }
+}
+
 fn message_text(message: &ChatMessage) -> Result<String, ApiError> {
     match &message.content {
-        None => Ok(String::new()),
+        // OpenAI allows an assistant turn without content (it then carries tool calls, which
+        // are refused); every other role must say something.
+        None if message.role == "assistant" => Ok(String::new()),
+        None => Err(ApiError::invalid(
+            "messages",
+            format!("a {} message must have content", message.role),
+        )),
         Some(MessageContent::Text(text)) => Ok(text.clone()),
         Some(MessageContent::Parts(parts)) => {
             let mut texts = Vec::with_capacity(parts.len());
@@ -160,41 +192,25 @@ pub fn chat_prompt(
     tokenizer: &Tokenizer,
     limits: &Limits,
 ) -> Result<Vec<u32>, ApiError> {
-    let template = template.ok_or_else(|| {
-        ApiError::invalid(
-            "messages",
-            "this model has no chat template; use /v1/completions",
-        )
-    })?;
-    if request.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    if request.messages.len() > limits.max_messages {
-        return Err(ApiError::invalid(
-            "messages",
-            format!("at most {} messages per request", limits.max_messages),
-        ));
-    }
+    refuse_unknown(&request.unknown, "")?;
     if request.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::invalid("tools", "tool calling is not supported"));
+    }
+    match &request.tool_choice {
+        None | Some(Value::Null) => {}
+        Some(Value::String(choice)) if choice == "none" => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool calling is not supported; tool_choice may only be \"none\"",
+            ))
+        }
     }
     if request.logprobs == Some(true) || request.top_logprobs.is_some_and(|n| n > 0) {
         return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
     }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for m in &request.messages {
-        if !matches!(
-            m.role.as_str(),
-            "system" | "user" | "assistant" | "developer" | "tool"
-        ) {
-            return Err(ApiError::invalid("messages", "unknown message role"));
-        }
-        messages.push(TemplateMessage {
-            role: m.role.clone(),
-            content: message_text(m)?,
-        });
-    }
-    let text = template.render(&messages, request.add_generation_prompt.unwrap_or(true))?;
+    let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
+    let text = render_chat(&request.messages, add_generation_prompt, template, limits)?;
     // The template wrote the special tokens; add none (vLLM's add_special_tokens=False).
     let ids = tokenizer.encode(&text)?;
     if ids.is_empty() {
@@ -204,6 +220,45 @@ pub fn chat_prompt(
         ));
     }
     Ok(ids)
+}
+
+/// The chat template applied to `messages`, each checked (role, content, no unknown fields).
+pub fn render_chat(
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    template: Option<&ChatTemplate>,
+    limits: &Limits,
+) -> Result<String, ApiError> {
+    let template = template.ok_or_else(|| {
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template; use /v1/completions",
+        )
+    })?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    if messages.len() > limits.max_messages {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("at most {} messages per request", limits.max_messages),
+        ));
+    }
+    let mut rendered = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        refuse_unknown(&m.unknown, &format!("messages[{i}]."))?;
+        if !matches!(
+            m.role.as_str(),
+            "system" | "user" | "assistant" | "developer" | "tool"
+        ) {
+            return Err(ApiError::invalid("messages", "unknown message role"));
+        }
+        rendered.push(TemplateMessage {
+            role: m.role.clone(),
+            content: message_text(m)?,
+        });
+    }
+    template.render(&rendered, add_generation_prompt)
 }
 
 fn finite_in(
@@ -266,6 +321,13 @@ pub fn generate_spec(
         .map(|prompt| completion_budget(prompt.len(), max_tokens, default_max_tokens, limits))
         .collect::<Result<Vec<_>, _>>()?;
     let stop_strings = stop_strings(&fields.stop, limits)?;
+    let min_tokens = sampling.processors.min_tokens;
+    if budgets.iter().any(|&budget| min_tokens > budget) {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            "min_tokens must not exceed max_tokens",
+        ));
+    }
     Ok(GenerateSpec {
         prompts,
         max_tokens: budgets,
@@ -281,8 +343,8 @@ pub fn generate_spec(
     })
 }
 
-/// Temperature, top-p, top-k and seed; penalties and logit bias, which the engine does not
-/// apply, only in their neutral values.
+/// Temperature, top-p, top-k, seed and the logits processors; `response_format` and
+/// `metadata` are checked here too.
 fn sampling_params(
     fields: &SamplingFields,
     tokenizer: &Tokenizer,
@@ -294,27 +356,9 @@ fn sampling_params(
         "between 0 and 2",
     )?;
     let top_p = finite_in("top_p", fields.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
-    for (param, value) in [
-        ("presence_penalty", fields.presence_penalty),
-        ("frequency_penalty", fields.frequency_penalty),
-    ] {
-        finite_in(
-            param,
-            value,
-            |v| v == 0.0,
-            "0 (penalties are not supported)",
-        )?;
-    }
-    if fields
-        .logit_bias
-        .as_ref()
-        .is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|o| !o.is_empty()))
-    {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            "logit_bias is not supported",
-        ));
-    }
+    let processors = logits_processors(fields, tokenizer)?;
+    response_format(fields.response_format.as_ref())?;
+    metadata(fields.metadata.as_ref())?;
     let top_k = match fields.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 && k <= tokenizer.vocab_size() as i64 => k as u32,
@@ -330,7 +374,155 @@ fn sampling_params(
         top_p: top_p.unwrap_or(1.0) as f32,
         top_k,
         seed: fields.seed.map(|s| s as u64),
+        processors,
     })
+}
+
+/// Penalties, min-p, min_tokens and logit bias, in vLLM's ranges.
+fn logits_processors(
+    fields: &SamplingFields,
+    tokenizer: &Tokenizer,
+) -> Result<LogitsProcessors, ApiError> {
+    let penalty = |param, value| {
+        finite_in(
+            param,
+            value,
+            |v| (-2.0..=2.0).contains(&v),
+            "between -2 and 2",
+        )
+        .map(|v| v.unwrap_or(0.0) as f32)
+    };
+    let presence_penalty = penalty("presence_penalty", fields.presence_penalty)?;
+    let frequency_penalty = penalty("frequency_penalty", fields.frequency_penalty)?;
+    let repetition_penalty = finite_in(
+        "repetition_penalty",
+        fields.repetition_penalty,
+        |v| v > 0.0 && v <= 2.0,
+        "in (0, 2]",
+    )?
+    .unwrap_or(1.0) as f32;
+    let min_p = finite_in(
+        "min_p",
+        fields.min_p,
+        |v| (0.0..=1.0).contains(&v),
+        "in [0, 1]",
+    )?
+    .unwrap_or(0.0) as f32;
+    let min_tokens = match fields.min_tokens {
+        None => 0,
+        Some(m) if (0..=i64::from(u32::MAX)).contains(&m) => m as u32,
+        Some(_) => return Err(ApiError::invalid("min_tokens", "min_tokens must be >= 0")),
+    };
+    if min_tokens > 0 && stop_list_given(&fields.stop) {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            "min_tokens together with stop strings is not supported yet",
+        ));
+    }
+    Ok(LogitsProcessors {
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
+        min_p,
+        min_tokens,
+        logit_bias: logit_bias(fields.logit_bias.as_ref(), tokenizer)?,
+    })
+}
+
+fn stop_list_given(stop: &Option<StopInput>) -> bool {
+    match stop {
+        None => false,
+        Some(StopInput::One(s)) => !s.is_empty(),
+        Some(StopInput::Many(v)) => v.iter().any(|s| !s.is_empty()),
+    }
+}
+
+/// `logit_bias`: token ids (as JSON object keys) to a bias in [-100, 100], as OpenAI defines it.
+fn logit_bias(bias: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+    let entries = match bias {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(entries)) => entries,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "logit_bias must map token ids to numbers",
+            ))
+        }
+    };
+    if entries.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} logit_bias entries"),
+        ));
+    }
+    let vocab = tokenizer.vocab_size();
+    entries
+        .iter()
+        .map(|(key, value)| {
+            let id = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias keys must be token ids below {vocab}"),
+                    )
+                })?;
+            let bias = value
+                .as_f64()
+                .filter(|b| b.is_finite() && (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        "logit_bias values must be between -100 and 100",
+                    )
+                })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
+/// `response_format`: plain text is what the engine makes; structured output is refused rather
+/// than answered with free text.
+fn response_format(format: Option<&Value>) -> Result<(), ApiError> {
+    let kind = match format {
+        None | Some(Value::Null) => return Ok(()),
+        Some(value) => value.get("type").and_then(Value::as_str),
+    };
+    match kind {
+        Some("text") => Ok(()),
+        Some("json_object" | "json_schema") => Err(ApiError::invalid(
+            "response_format",
+            "structured output (json_object, json_schema) is not supported yet",
+        )),
+        _ => Err(ApiError::invalid(
+            "response_format",
+            "response_format.type must be text, json_object or json_schema",
+        )),
+    }
+}
+
+/// `metadata`: accepted without effect, within OpenAI's bounds (16 pairs, keys of 64
+/// characters, string values of 512).
+fn metadata(metadata: Option<&Value>) -> Result<(), ApiError> {
+    let pairs = match metadata {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(pairs)) => pairs,
+        Some(_) => return Err(ApiError::invalid("metadata", "metadata must be an object")),
+    };
+    let fits = pairs.len() <= 16
+        && pairs.iter().all(|(key, value)| {
+            key.chars().count() <= 64 && value.as_str().is_some_and(|v| v.chars().count() <= 512)
+        });
+    if fits {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "metadata",
+            "metadata holds at most 16 pairs, keys of at most 64 characters and string values of at most 512",
+        ))
+    }
 }
 
 /// `n`, within its cap and the cap on sequences (prompts × `n`) per request.

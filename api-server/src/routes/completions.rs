@@ -7,13 +7,14 @@ use crate::model::ModelAssets;
 use crate::openai::requests::CompletionRequest;
 use crate::openai::responses::CompletionChoice;
 use crate::openai::validate::{
-    completion_prompts, generate_spec, DefaultMaxTokens, GenerateSpec, Limits,
+    completion_prompts, generate_spec, refuse_unknown, DefaultMaxTokens, GenerateSpec, Limits,
 };
 
 /// vLLM's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
 fn unsupported_fields(req: &CompletionRequest) -> Result<(), ApiError> {
+    refuse_unknown(&req.unknown, "")?;
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }

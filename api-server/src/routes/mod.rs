@@ -5,6 +5,7 @@ pub mod completions;
 pub mod generation;
 pub mod health;
 pub mod models;
+pub mod tokenize;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,6 +96,8 @@ pub fn router<E: Engine>(state: AppState<E>, api_key: ApiKey) -> Router {
     Router::new()
         .merge(generation)
         .route("/v1/models", get(models::handle::<E>))
+        .route("/tokenize", post(tokenize::tokenize::<E>))
+        .route("/detokenize", post(tokenize::detokenize::<E>))
         .route("/health", get(health::handle::<E>))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -5,6 +5,7 @@
 use proto::api_worker::SamplingParams;
 
 use super::SeqForward;
+use crate::sampling::History;
 use crate::spec::{verify, Verdict};
 use crate::EngineError;
 
@@ -16,6 +17,15 @@ pub struct TokenChoice<'a> {
     pub seed: u64,
     /// Output index of the first new token (it keys the request's RNG stream).
     pub first_position: usize,
+    /// What the request's logits processors count (its prompt and output so far).
+    pub history: History<'a>,
+}
+
+impl TokenChoice<'_> {
+    /// Whether the choice is a plain argmax of the raw logits (what a device may do itself).
+    pub fn is_plain_greedy(&self) -> bool {
+        crate::sampling::is_greedy(self.sampling) && !self.sampling.processors.changes_logits()
+    }
 }
 
 /// Verifies each sequence's drafts against its rows of `logits` (`[sum of logit_rows, vocab]`,
@@ -48,6 +58,7 @@ pub fn verify_on_host(
                 choice.sampling,
                 choice.seed,
                 choice.first_position,
+                &choice.history,
             )
         })
         .collect();
@@ -107,6 +118,7 @@ mod tests {
             sampling: &SamplingParams::GREEDY,
             seed: 0,
             first_position: 0,
+            history: History::EMPTY,
         };
         let verdicts = verify_on_host(&logits, vocab, &seqs, &[choice, choice]).unwrap();
         assert_eq!(

@@ -1,6 +1,6 @@
 //! Engine limits and the admission check every request passes before it is queued.
 
-use proto::api_worker::{AddRequest, RejectReason};
+use proto::api_worker::{AddRequest, LogitsProcessors, RejectReason};
 
 use crate::spec::{SpecPolicy, SuffixConfig};
 
@@ -116,6 +116,44 @@ pub fn validate_request(
     }
     if !req.stop.stop_strings.is_empty() && !has_token_bytes {
         return invalid("stop strings need the model's vocabulary, which this model lacks".into());
+    }
+    validate_processors(&s.processors, vocab_size).map_err(RejectReason::Invalid)
+}
+
+/// Most `logit_bias` entries a request may carry (OpenAI's limit is 300 by its docs' examples;
+/// this bounds the work per row).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+fn validate_processors(p: &LogitsProcessors, vocab_size: usize) -> Result<(), String> {
+    let finite = [
+        p.presence_penalty,
+        p.frequency_penalty,
+        p.repetition_penalty,
+        p.min_p,
+    ];
+    if finite.iter().any(|v| !v.is_finite()) {
+        return Err("a logits processor's value is not finite".into());
+    }
+    if p.repetition_penalty <= 0.0 {
+        return Err(format!(
+            "repetition_penalty {} is not > 0",
+            p.repetition_penalty
+        ));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return Err(format!("min_p {} is not in [0, 1]", p.min_p));
+    }
+    if p.logit_bias.len() > MAX_LOGIT_BIAS {
+        return Err(format!("more than {MAX_LOGIT_BIAS} logit_bias entries"));
+    }
+    if let Some(&(id, bias)) = p
+        .logit_bias
+        .iter()
+        .find(|(id, bias)| *id as usize >= vocab_size || !bias.is_finite())
+    {
+        return Err(format!(
+            "logit_bias entry ({id}, {bias}) is outside the vocabulary ({vocab_size}) or not finite"
+        ));
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
 use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
+use crate::sampling::History;
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
     DraftCandidate, DraftJob, DraftPlanner, DraftSource, ModelDrafter, NgramProposer, Proposer,
@@ -268,6 +269,7 @@ impl<B: Backend> Engine<B> {
             return Err(RejectReason::Overloaded);
         }
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
+        let stop_ids = stop_ids(&self.eos_token_ids, &req.stop);
         self.scheduler.add(Sequence {
             id: req.id,
             owner: req.owner,
@@ -277,6 +279,7 @@ impl<B: Backend> Engine<B> {
             sampling: req.sampling,
             seed,
             stop: req.stop,
+            stop_ids,
             max_tokens: req.max_tokens as usize,
             num_computed: 0,
             blocks: BlockTable::default(),
@@ -543,6 +546,11 @@ impl<B: Backend> Engine<B> {
                 sampling: &s.sampling,
                 seed: s.seed,
                 first_position: s.num_generated(),
+                history: History {
+                    tokens: &s.tokens,
+                    prompt_len: s.prompt_len,
+                    stop_ids: &s.stop_ids,
+                },
             })
             .collect();
         let started = std::time::Instant::now();
@@ -777,4 +785,13 @@ fn take_start(seq: &mut Sequence) -> Option<StartInfo> {
         cached_prompt_tokens: seq.cached_prompt_tokens as u32,
         arrival_unix_ms: seq.arrival_unix_ms,
     })
+}
+
+/// The tokens that end a request: EOS unless it is ignored, and its stop tokens.
+fn stop_ids(eos_token_ids: &[u32], stop: &proto::api_worker::StopConditions) -> Vec<u32> {
+    let eos = match stop.ignore_eos {
+        true => &[][..],
+        false => eos_token_ids,
+    };
+    eos.iter().chain(&stop.stop_token_ids).copied().collect()
 }

@@ -25,6 +25,16 @@ impl StopRules<'_> {
     }
 
     fn check(&self, seq: &mut Sequence, token: u32) -> Option<FinishReason> {
+        // Before min_tokens outputs nothing but the length ends a request (vLLM's rule; EOS and
+        // the stop tokens were masked, stop strings are not looked for).
+        if seq.num_generated() < seq.sampling.processors.min_tokens as usize {
+            if !seq.stop.stop_strings.is_empty() {
+                if let Some(vocab) = self.vocab {
+                    seq.output_bytes.extend_from_slice(vocab.get(token));
+                }
+            }
+            return self.length_reached(seq);
+        }
         if !seq.stop.ignore_eos && self.eos_token_ids.contains(&token) {
             return Some(FinishReason::Stop);
         }
@@ -41,9 +51,11 @@ impl StopRules<'_> {
                 }
             }
         }
-        if seq.num_generated() >= seq.max_tokens || seq.len() >= self.max_model_len {
-            return Some(FinishReason::Length);
-        }
-        None
+        self.length_reached(seq)
+    }
+
+    fn length_reached(&self, seq: &Sequence) -> Option<FinishReason> {
+        (seq.num_generated() >= seq.max_tokens || seq.len() >= self.max_model_len)
+            .then_some(FinishReason::Length)
     }
 }

@@ -24,8 +24,9 @@ pub struct Distribution {
 }
 
 impl Distribution {
-    /// Softmax of `logits / temperature`, restricted to the top-k, then to the smallest prefix
-    /// whose mass reaches top-p, renormalized. `temperature` must be positive.
+    /// Softmax of `logits / temperature`, without the tokens below min-p times the top one's
+    /// probability, restricted to the top-k, then to the smallest prefix whose mass reaches
+    /// top-p, renormalized. `temperature` must be positive.
     pub fn new(logits: &[f32], params: &SamplingParams) -> Self {
         let inv_t = 1.0 / f64::from(params.temperature);
         let mut support: Vec<(u32, f64)> = logits
@@ -38,6 +39,16 @@ impl Distribution {
             return Self {
                 support: vec![(0, 1.0)],
             };
+        }
+        let min_p = params.processors.min_p;
+        if min_p > 0.0 && min_p <= 1.0 {
+            // p >= min_p * p_max, in log space after temperature (vLLM applies it there).
+            let top = support
+                .iter()
+                .map(|e| e.1)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let floor = top + f64::from(min_p).ln();
+            support.retain(|e| e.1 >= floor);
         }
         let by_prob_desc = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let top_k = params.top_k as usize;
@@ -109,7 +120,22 @@ mod tests {
             top_p,
             top_k,
             seed: None,
+            processors: proto::api_worker::LogitsProcessors::NONE,
         }
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_its_share_of_the_top_one() {
+        // Probabilities ∝ e^0, e^1, e^2, e^3: relative to the top 0.05, 0.14, 0.37, 1.
+        let logits = [0.0f32, 1.0, 2.0, 3.0];
+        let mut p = params(1.0, 1.0, 0);
+        p.processors.min_p = 0.2;
+        let d = Distribution::new(&logits, &p);
+        let mut kept: Vec<u32> = d.support().iter().map(|e| e.0).collect();
+        kept.sort();
+        assert_eq!(kept, vec![2, 3]);
+        let total: f64 = d.support().iter().map(|e| e.1).sum();
+        assert!((total - 1.0).abs() < 1e-12);
     }
 
     #[test]

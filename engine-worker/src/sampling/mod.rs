@@ -1,11 +1,14 @@
-//! Token sampling: greedy at temperature 0, otherwise the target distribution after
-//! temperature, top-k and top-p, drawn with a per-request, per-position RNG so that a request's
-//! tokens never depend on what else is in the batch.
+//! Token sampling: the logits processors (penalties, bias, min_tokens), then greedy at
+//! temperature 0, otherwise the target distribution after temperature, min-p, top-k and top-p,
+//! drawn with a per-request, per-position RNG so that a request's tokens never depend on what
+//! else is in the batch.
 
 mod distribution;
+mod processors;
 mod rng;
 
 pub use distribution::{argmax, Distribution};
+pub use processors::{History, Processing};
 pub use rng::position_rng;
 
 use proto::api_worker::SamplingParams;

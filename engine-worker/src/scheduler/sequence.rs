@@ -20,6 +20,8 @@ pub struct Sequence {
     /// The request's seed, or one drawn at admission when it gave none.
     pub seed: u64,
     pub stop: StopConditions,
+    /// Tokens that end it (EOS unless ignored, its stop tokens): what `min_tokens` masks.
+    pub stop_ids: Vec<u32>,
     pub max_tokens: usize,
     /// Positions whose keys/values are in the cache (0 after a preemption).
     pub num_computed: usize,

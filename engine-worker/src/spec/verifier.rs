@@ -16,7 +16,7 @@
 
 use proto::api_worker::SamplingParams;
 
-use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
+use crate::sampling::{argmax, is_greedy, position_rng, Distribution, History, Processing};
 
 /// The verifier's decision for one sequence and step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +32,9 @@ pub struct Verdict {
 /// Verifies `drafts` given `logits`: `drafts.len() + 1` rows of `vocab` logits, row `i` being the
 /// target's prediction after the sequence extended by `drafts[..i]`. `first_position` is the
 /// output index the first new token gets (it keys the request's RNG stream). Without drafts
-/// that is the plain choice of one token from one row (prefill, decode).
+/// that is the plain choice of one token from one row (prefill, decode). The request's logits
+/// processors see each row with the history it would have in a sequential decode: `history`
+/// and the drafts before it.
 pub fn verify(
     logits: &[f32],
     vocab: usize,
@@ -40,49 +42,44 @@ pub fn verify(
     params: &SamplingParams,
     seed: u64,
     first_position: usize,
+    history: &History<'_>,
 ) -> Verdict {
     debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
-    let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    let mut processing = Processing::new(&params.processors, history);
+    let mut processed = Vec::new();
+    let greedy = is_greedy(params);
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
-    if is_greedy(params) {
-        for (i, &draft) in drafts.iter().enumerate() {
-            let target = argmax(row(i));
-            tokens.push(target);
-            if target != draft {
-                return Verdict {
-                    drafted: drafts.len(),
-                    accepted: i,
-                    tokens,
-                };
+    for i in 0..=drafts.len() {
+        let raw = &logits[i * vocab..(i + 1) * vocab];
+        let row = match &processing {
+            Some(state) => {
+                processed.clear();
+                processed.extend_from_slice(raw);
+                state.apply(&mut processed);
+                &processed[..]
             }
-        }
-        tokens.push(argmax(row(drafts.len())));
-        return Verdict {
-            drafted: drafts.len(),
-            accepted: drafts.len(),
-            tokens,
+            None => raw,
         };
-    }
-    let draw = |i: usize| {
-        Distribution::new(row(i), params).sample(&mut position_rng(seed, first_position + i))
-    };
-    for (i, &draft) in drafts.iter().enumerate() {
-        let target = draw(i);
+        let target = match greedy {
+            true => argmax(row),
+            false => {
+                Distribution::new(row, params).sample(&mut position_rng(seed, first_position + i))
+            }
+        };
         tokens.push(target);
-        if target != draft {
+        if drafts.get(i) != Some(&target) {
+            // Row `drafts.len()` has no draft: its token is the step's own.
             return Verdict {
                 drafted: drafts.len(),
                 accepted: i,
                 tokens,
             };
         }
+        if let Some(state) = &mut processing {
+            state.push(target);
+        }
     }
-    tokens.push(draw(drafts.len()));
-    Verdict {
-        drafted: drafts.len(),
-        accepted: drafts.len(),
-        tokens,
-    }
+    unreachable!("the row after the last draft has no draft to match")
 }
 
 #[cfg(test)]
@@ -102,7 +99,7 @@ mod tests {
     #[test]
     fn greedy_accepts_the_matching_prefix_then_corrects() {
         let logits = one_hot_rows(&[3, 1, 4, 1], 8);
-        let v = verify(&logits, 8, &[3, 1, 5], &GREEDY, 0, 0);
+        let v = verify(&logits, 8, &[3, 1, 5], &GREEDY, 0, 0, &History::EMPTY);
         assert_eq!(
             v,
             Verdict {
@@ -111,7 +108,7 @@ mod tests {
                 tokens: vec![3, 1, 4]
             }
         );
-        let v = verify(&logits, 8, &[3, 1, 4], &GREEDY, 0, 0);
+        let v = verify(&logits, 8, &[3, 1, 4], &GREEDY, 0, 0, &History::EMPTY);
         assert_eq!(
             v,
             Verdict {
@@ -120,7 +117,7 @@ mod tests {
                 tokens: vec![3, 1, 4, 1]
             }
         );
-        let v = verify(&logits[..8], 8, &[], &GREEDY, 0, 0);
+        let v = verify(&logits[..8], 8, &[], &GREEDY, 0, 0, &History::EMPTY);
         assert_eq!(
             v,
             Verdict {
@@ -138,9 +135,10 @@ mod tests {
             top_p: 1.0,
             top_k: 1,
             seed: Some(1),
+            processors: proto::api_worker::LogitsProcessors::NONE,
         };
         let logits = one_hot_rows(&[3, 1], 8);
-        let v = verify(&logits, 8, &[3], &params, 5, 0);
+        let v = verify(&logits, 8, &[3], &params, 5, 0, &History::EMPTY);
         assert_eq!(
             v,
             Verdict {
@@ -149,7 +147,7 @@ mod tests {
                 tokens: vec![3, 1]
             }
         );
-        let v = verify(&logits, 8, &[2], &params, 5, 0);
+        let v = verify(&logits, 8, &[2], &params, 5, 0, &History::EMPTY);
         assert_eq!(
             v,
             Verdict {
@@ -164,17 +162,18 @@ mod tests {
     fn without_drafts_it_is_the_plain_choice_of_one_token() {
         use crate::sampling::{position_rng, Distribution};
         let row = [0.5f32, 2.0, 1.0, 1.9];
-        let greedy = verify(&row, 4, &[], &GREEDY, 0, 0);
+        let greedy = verify(&row, 4, &[], &GREEDY, 0, 0, &History::EMPTY);
         assert_eq!(greedy.tokens, vec![argmax(&row)]);
         let params = SamplingParams {
             temperature: 1.3,
             top_p: 0.9,
             top_k: 0,
             seed: Some(4),
+            processors: proto::api_worker::LogitsProcessors::NONE,
         };
         for position in 0..50 {
             let plain = Distribution::new(&row, &params).sample(&mut position_rng(4, position));
-            let v = verify(&row, 4, &[], &params, 4, position);
+            let v = verify(&row, 4, &[], &params, 4, position, &History::EMPTY);
             assert_eq!((v.drafted, v.accepted, v.tokens), (0, 0, vec![plain]));
         }
     }
@@ -192,6 +191,7 @@ mod tests {
             top_p: 1.0,
             top_k: 0,
             seed: Some(3),
+            processors: proto::api_worker::LogitsProcessors::NONE,
         };
         let (mut accepted_some, mut rejected_some) = (false, false);
         for trial in 0..400 {
@@ -209,7 +209,7 @@ mod tests {
                 })
                 .collect();
             let rows = &logits[..(drafts.len() + 1) * vocab];
-            let v = verify(rows, vocab, &drafts, &params, 3, first);
+            let v = verify(rows, vocab, &drafts, &params, 3, first, &History::EMPTY);
             let agree = drafts
                 .iter()
                 .zip(&plain)
@@ -221,5 +221,42 @@ mod tests {
             rejected_some |= agree < drafts.len();
         }
         assert!(accepted_some && rejected_some);
+    }
+
+    /// With penalties, each draft position sees the counts that a sequential decode would: a
+    /// draft that repeats a token the previous draft emitted is penalized at its own row.
+    #[test]
+    fn processors_see_each_draft_position_as_decode_would() {
+        let vocab = 4;
+        let mut params = GREEDY;
+        params.processors.presence_penalty = 2.0;
+        // Every row is the same. Decode: 1 (nothing penalized), then 2 (1 is now at −1), then
+        // 0 (2 is now at −1.5).
+        let row = [0.0, 1.0, 0.5, -5.0];
+        let logits: Vec<f32> = row.iter().cycle().take(3 * vocab).copied().collect();
+        let history = History {
+            tokens: &[3],
+            prompt_len: 1,
+            stop_ids: &[],
+        };
+        // Sequential decode, one row at a time with the history grown by each token.
+        let mut sequential = Vec::new();
+        let mut grown = vec![3u32];
+        for _ in 0..3 {
+            let h = History {
+                tokens: &grown,
+                prompt_len: 1,
+                stop_ids: &[],
+            };
+            let v = verify(&row, vocab, &[], &params, 0, grown.len() - 1, &h);
+            sequential.push(v.tokens[0]);
+            grown.push(v.tokens[0]);
+        }
+        assert_eq!(sequential, vec![1, 2, 0]);
+        // The same tokens drafted are all accepted; a draft that ignores the penalty is not.
+        let v = verify(&logits, vocab, &[1, 2], &params, 0, 0, &history);
+        assert_eq!((v.accepted, v.tokens), (2, vec![1, 2, 0]));
+        let v = verify(&logits, vocab, &[1, 1], &params, 0, 0, &history);
+        assert_eq!((v.accepted, v.tokens), (1, vec![1, 2]));
     }
 }

@@ -124,6 +124,14 @@ pub fn add_request() -> AddRequest {
             top_p: 0.9,
             top_k: 40,
             seed: Some(1234),
+            processors: proto::api_worker::LogitsProcessors {
+                presence_penalty: 0.5,
+                frequency_penalty: -0.25,
+                repetition_penalty: 1.1,
+                min_p: 0.05,
+                min_tokens: 4,
+                logit_bias: vec![(504, -100.0), (7, 2.5)],
+            },
         },
         stop: StopConditions {
             stop_token_ids: vec![2],

@@ -43,7 +43,6 @@ use crate::backend::{
     check_choices, forward_then_verify_on_host, Backend, SeqForward, TokenChoice,
 };
 use crate::model::{ModelConfig, ModelWeights};
-use crate::sampling::is_greedy;
 use crate::spec::Verdict;
 use crate::EngineError;
 
@@ -275,7 +274,8 @@ impl Backend for CudaBackend {
         choices: &[TokenChoice<'_>],
     ) -> Result<Vec<Verdict>, EngineError> {
         check_choices(seqs, choices)?;
-        if choices.iter().all(|c| is_greedy(c.sampling)) {
+        // Penalties and bias need the host's processors; plain greedy rows are chosen on the GPU.
+        if choices.iter().all(TokenChoice::is_plain_greedy) {
             return self.verify_on_device(seqs);
         }
         forward_then_verify_on_host(self, seqs, choices)
