@@ -14,6 +14,7 @@ use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettin
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
+use engine_worker::kv::{parse_bytes, KvBudget};
 use engine_worker::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{DraftSource, SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
@@ -136,9 +137,19 @@ struct Args {
     /// prompt share that prompt's cache instead of computing it again (`false` turns it off).
     #[arg(long, env = "SPECULA_PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
     prefix_caching: bool,
-    /// KV-cache blocks.
+    /// KV-cache blocks (unless `--kv-cache-memory` sizes the cache).
     #[arg(long, env = "SPECULA_NUM_KV_BLOCKS", default_value_t = 2048)]
     num_kv_blocks: usize,
+    /// Memory for the KV cache, target and draft model together: bytes, or with a unit
+    /// (`512MiB`, `2GiB`, `1.5GB`). The block count follows from it; a budget that cannot hold
+    /// one sequence of `--max-model-len` refuses to start.
+    #[arg(long, env = "SPECULA_KV_CACHE_MEMORY", value_parser = parse_bytes)]
+    kv_cache_memory: Option<u64>,
+    /// Back every page of the KV cache at start (RSS then holds the whole cache from the start)
+    /// instead of as blocks are first written; for tests that bound RSS growth, and where
+    /// memory is overcommitted and must be reserved up front.
+    #[arg(long, env = "SPECULA_KV_CACHE_PREFAULT", default_value_t = false, action = clap::ArgAction::Set)]
+    kv_cache_prefault: bool,
     /// Tokens per KV block.
     #[arg(long, env = "SPECULA_BLOCK_SIZE", default_value_t = 16)]
     block_size: usize,
@@ -457,7 +468,25 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
         .with_context(|| format!("cannot load {}", args.model.display()))?;
     let vocab = model.tokenizer.as_ref().map(TokenizerData::token_bytes);
     let draft = load_draft(args, &model, format, dtype)?;
-    let backend = build_backend(args, model)?;
+    let num_blocks = match args.kv_cache_memory {
+        None => args.num_kv_blocks,
+        Some(budget) => {
+            let budget = KvBudget {
+                bytes: budget,
+                block_size: args.block_size,
+                max_model_len: args.max_model_len,
+            };
+            let blocks = budget.blocks(&model.config, draft.as_ref().map(|d| &d.config))?;
+            tracing::info!(
+                budget_bytes = budget.bytes,
+                blocks,
+                capacity_tokens = blocks * args.block_size,
+                "KV cache sized by --kv-cache-memory"
+            );
+            blocks
+        }
+    };
+    let backend = build_backend(args, model, num_blocks)?;
     tracing::info!(
         model = %backend.config().name,
         load_ms = started.elapsed().as_millis() as u64,
@@ -483,7 +512,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
         prefix_caching: args.prefix_caching,
     };
     let draft = match draft {
-        Some(draft) => Some(DraftSource::Model(build_backend(args, draft)?)),
+        Some(draft) => Some(DraftSource::Model(build_backend(args, draft, num_blocks)?)),
         None => args.draft_layers.map(DraftSource::TargetLayers),
     };
     let mut engine = Engine::with_drafter(backend, cfg, vocab, draft)?;
@@ -527,13 +556,14 @@ fn load_draft(
     Ok(Some(draft))
 }
 
-fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> {
+fn build_backend(args: &Args, model: Model, num_blocks: usize) -> anyhow::Result<Box<dyn Backend>> {
     match args.device {
         Device::Cpu => {
-            let mut options = CpuBackendOptions::new(args.num_kv_blocks);
+            let mut options = CpuBackendOptions::new(num_blocks);
             options.block_size = args.block_size;
             options.threads = args.threads;
             options.isa = args.cpu_isa;
+            options.prefault_kv = args.kv_cache_prefault;
             Ok(Box::new(CpuBackend::new(model, options)?))
         }
         #[cfg(feature = "cuda")]
@@ -542,7 +572,7 @@ fn build_backend(args: &Args, model: Model) -> anyhow::Result<Box<dyn Backend>> 
             let options = CudaOptions {
                 ordinal,
                 block_size: args.block_size,
-                num_blocks: Some(args.num_kv_blocks),
+                num_blocks: Some(num_blocks),
                 ..CudaOptions::default()
             };
             Ok(Box::new(CudaBackend::new(

@@ -436,3 +436,38 @@ async fn worker_serves_resyncs_aborts_and_drains() {
     .expect("worker exits after its goodbye");
     assert!(status.success(), "{status:?}");
 }
+
+/// A `--kv-cache-memory` that cannot hold one sequence of the maximum context: the worker exits
+/// non-zero at start, saying how much it has, how much one sequence needs, and what to give.
+#[test]
+fn a_kv_budget_below_one_full_sequence_refuses_to_start() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let (api_port, tp_port) = (free_port(), free_port());
+    let output = Command::new(env!("CARGO_BIN_EXE_engine-worker"))
+        .args([
+            "--model",
+            root.join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                .to_str()
+                .unwrap(),
+        ])
+        .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
+        .args(["--tp-endpoint", &format!("tcp://127.0.0.1:{tp_port}")])
+        .args(["--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "the worker started");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // 64 MiB at 737,280 B a block (16 tokens × 46,080 B) is 91 blocks; 2,048 tokens need 128.
+    for number in [
+        "67108864 B",
+        "91 KV blocks",
+        "the 128",
+        "2048 tokens",
+        "94371840 B",
+    ] {
+        assert!(
+            stderr.contains(number),
+            "{number:?} missing from:\n{stderr}"
+        );
+    }
+}

@@ -4,8 +4,10 @@
 
 mod allocator;
 mod block_table;
+mod budget;
 mod prefix_index;
 
 pub use allocator::BlockAllocator;
 pub use block_table::BlockTable;
+pub use budget::{parse_bytes, KvBudget};
 pub use prefix_index::BlockLink;

@@ -23,10 +23,13 @@ impl KvCache {
         2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * 4
     }
 
+    /// A cache of `num_blocks` blocks; `prefault` backs every page now (else pages are backed
+    /// as blocks are first written).
     pub(crate) fn new(
         config: &ModelConfig,
         block_size: usize,
         num_blocks: usize,
+        prefault: bool,
     ) -> Result<Self, EngineError> {
         if block_size == 0 || num_blocks == 0 {
             return Err(EngineError::InvalidConfig(format!(
@@ -39,16 +42,21 @@ impl KvCache {
             .ok_or_else(|| {
                 EngineError::InvalidConfig(format!("KV cache of {num_blocks} blocks is too large"))
             })?;
-        // Reserve the whole cache now, as vLLM does: zeroed allocations are mapped lazily, so
-        // without touching every page an oversized cache would fail mid-run instead of at start,
-        // and RSS would creep up as blocks are first used.
+        // By default pages are backed as blocks are first written, so resident memory follows
+        // the work (llama-server touches its whole cache at start). That the machine can hold
+        // all of it is checked now instead, so an oversized cache fails at start, not mid-run
+        // (unless memory is taken by others meanwhile: `prefault` reserves it for certain).
+        let total = per_layer * 8 * config.num_layers;
+        check_memory_available(total, num_blocks)?;
         let layer = || -> Result<HugeF32, EngineError> {
             let mut cache = HugeF32::zeroed(per_layer).map_err(|e| {
                 EngineError::InvalidConfig(format!(
                     "cannot allocate a KV cache of {num_blocks} blocks: {e}"
                 ))
             })?;
-            prefault(cache.as_mut_slice());
+            if prefault {
+                back_every_page(cache.as_mut_slice());
+            }
             Ok(cache)
         };
         Ok(Self {
@@ -93,10 +101,43 @@ impl KvCache {
 
 /// Writes one element per page so the OS backs the whole allocation now. Volatile, because a
 /// plain write of the zero already there may be optimised away.
-fn prefault(cache: &mut [f32]) {
+fn back_every_page(cache: &mut [f32]) {
     const FLOATS_PER_PAGE: usize = 4096 / std::mem::size_of::<f32>();
     for i in (0..cache.len()).step_by(FLOATS_PER_PAGE) {
         // SAFETY: `i < cache.len()`, so the pointer is valid, aligned and exclusively borrowed.
         unsafe { std::ptr::write_volatile(cache.as_mut_ptr().add(i), 0.0) };
     }
+}
+
+/// Refuses a cache of `bytes` that the machine could not back now: more than `MemAvailable`
+/// plus free swap (`/proc/meminfo`; no check where that file is absent).
+fn check_memory_available(bytes: usize, num_blocks: usize) -> Result<(), EngineError> {
+    let Some(available) = memory_available() else {
+        return Ok(());
+    };
+    if bytes as u64 > available {
+        return Err(EngineError::InvalidConfig(format!(
+            "a KV cache of {num_blocks} blocks takes {bytes} bytes; this machine has {available} \
+             available: lower --num-kv-blocks or --kv-cache-memory"
+        )));
+    }
+    Ok(())
+}
+
+/// `MemAvailable` plus `SwapFree`, in bytes.
+fn memory_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+    };
+    Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
 }

@@ -31,6 +31,8 @@ pub struct CpuBackendOptions {
     pub threads: Option<usize>,
     /// Force an instruction set (default: the best detected). Only for tests/comparisons.
     pub isa: Option<Isa>,
+    /// Back every page of the KV cache at start instead of as blocks are first written.
+    pub prefault_kv: bool,
 }
 
 impl CpuBackendOptions {
@@ -40,6 +42,7 @@ impl CpuBackendOptions {
             num_blocks,
             threads: None,
             isa: None,
+            prefault_kv: false,
         }
     }
 }
@@ -86,7 +89,12 @@ impl CpuBackend {
     }
     pub fn new(model: Model, options: CpuBackendOptions) -> Result<Self, EngineError> {
         model.config.validate()?;
-        let cache = kv_cache::KvCache::new(&model.config, options.block_size, options.num_blocks)?;
+        let cache = kv_cache::KvCache::new(
+            &model.config,
+            options.block_size,
+            options.num_blocks,
+            options.prefault_kv,
+        )?;
         let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("cpu-forward-{i}"));
         if let Some(threads) = options.threads {
             pool = pool.num_threads(threads);

@@ -6,7 +6,7 @@ use super::*;
 /// A cache of `blocks` blocks filled with random keys and values, one layer.
 fn random_cache(config: &ModelConfig, block_size: usize, blocks: usize) -> KvCache {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut cache = KvCache::new(config, block_size, blocks).unwrap();
+    let mut cache = KvCache::new(config, block_size, blocks, false).unwrap();
     let width = config.num_kv_heads * config.head_dim;
     for block in 0..blocks {
         for slot in 0..block_size {
