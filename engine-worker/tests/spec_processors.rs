@@ -12,20 +12,12 @@ use std::collections::HashMap;
 use common::*;
 use engine_worker::engine::Engine;
 use proto::api_worker::{LogitsProcessors, SamplingParams};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 const VOCAB: usize = 48;
 const MAX_TOKENS: u32 = 48;
 
 fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let len = rng.gen_range(1..30);
-            (0..len).map(|_| rng.gen_range(1..VOCAB as u32)).collect()
-        })
-        .collect()
+    random_prompts(n, seed, VOCAB, 30)
 }
 
 /// Outcomes of `reqs`, each sent twice (the copies after all the originals), on a toy backend

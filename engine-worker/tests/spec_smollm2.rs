@@ -301,3 +301,58 @@ fn seeded_sampling_draws_the_tokens_of_plain_sampling_whatever_is_drafted() {
     let alone = run(&mut engine(4, 1), &reqs[2..3]);
     assert_eq!(alone[0].tokens, plain[2].tokens);
 }
+
+/// The logits processors on the real model: penalties, bias and (sampled) min-p, greedy and
+/// seeded, give K=0's tokens with suffix drafts (the golden prompts run twice, so the second
+/// copies draft from the first answers and most of their drafts are accepted), and change what
+/// the model says.
+#[test]
+fn logits_processors_keep_speculation_lossless() {
+    let mut processors = proto::api_worker::LogitsProcessors::NONE;
+    processors.presence_penalty = 0.6;
+    processors.frequency_penalty = 0.4;
+    processors.repetition_penalty = 1.3;
+    // " the" (260) and "," (28) made unlikely, 30 favoured.
+    processors.logit_bias = vec![(260, -8.0), (28, -4.0), (30, 2.0)];
+    for (temperature, min_p) in [(0.0, 0.0), (0.8, 0.05)] {
+        let mut p = processors.clone();
+        p.min_p = min_p;
+        let sampling = |processors: &proto::api_worker::LogitsProcessors, seed| SamplingParams {
+            temperature,
+            top_p: 1.0,
+            top_k: 0,
+            seed: Some(seed),
+            processors: processors.clone(),
+        };
+        let golden: Vec<_> = prompts().into_iter().take(4).collect();
+        let reqs_with = |processors: &proto::api_worker::LogitsProcessors| -> Vec<_> {
+            let once = golden
+                .iter()
+                .enumerate()
+                .map(|(i, (prompt, n))| (prompt.clone(), *n, sampling(processors, i as u64)));
+            once.clone().chain(once).collect()
+        };
+        let reqs = reqs_with(&p);
+        let unprocessed = run(
+            &mut engine(0, 8),
+            &reqs_with(&proto::api_worker::LogitsProcessors::NONE),
+        );
+        let plain = run(&mut engine(0, 8), &reqs);
+        // Batch 4: the copies start once the originals have finished and fed the shared trie.
+        let spec = run(&mut engine_with_suffix(4, 4, SpecPolicy::Fixed), &reqs);
+        assert_same_tokens(&plain, &[("K=4 suffix, processors", &spec)]);
+        let (drafted, accepted) = spec
+            .iter()
+            .flat_map(|o| &o.steps)
+            .fold((0, 0), |(d, a), s| (d + s.0 as usize, a + s.1 as usize));
+        eprintln!("temperature {temperature}: {drafted} drafted, {accepted} accepted");
+        assert!(
+            accepted * 4 > drafted,
+            "{accepted} of {drafted} drafts accepted"
+        );
+        assert!(
+            (0..reqs.len()).any(|i| plain[i].tokens != unprocessed[i].tokens),
+            "temperature {temperature}: the processors changed nothing"
+        );
+    }
+}

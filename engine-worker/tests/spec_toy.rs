@@ -9,19 +9,11 @@ use common::*;
 use engine_worker::engine::{Engine, TokenBytes, VocabKind};
 use proto::api_worker::SamplingParams;
 use proto::FinishReason;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 const VOCAB: usize = 48;
 
 fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let len = rng.gen_range(1..40);
-            (0..len).map(|_| rng.gen_range(1..VOCAB as u32)).collect()
-        })
-        .collect()
+    random_prompts(n, seed, VOCAB, 40)
 }
 
 fn run(

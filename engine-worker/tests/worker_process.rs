@@ -155,6 +155,19 @@ async fn retained_becomes(want: u32, api: &mut Api, heartbeat: &ApiToWorker) -> 
     heartbeat_where(&what, |hb| hb.retained == want, api, heartbeat).await
 }
 
+/// The engine-worker binary on the default model, with its two endpoints.
+fn worker_command(api_endpoint: &str, tp_endpoint: &str) -> Command {
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_engine-worker"));
+    command
+        .arg("--model")
+        .arg(model)
+        .args(["--api-endpoint", api_endpoint])
+        .args(["--tp-endpoint", tp_endpoint]);
+    command
+}
+
 fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
     ApiToWorker::Add(AddRequest {
         id,
@@ -172,20 +185,11 @@ fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_serves_resyncs_aborts_and_drains() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let (api_port, tp_port) = (free_port(), free_port());
     let tp_endpoint = format!("tcp://127.0.0.1:{tp_port}");
     let acking = Arc::new(AtomicBool::new(true));
     let (mut pull, _tp_task) = bind_tp(&tp_endpoint, acking.clone()).await;
-    let child = Command::new(env!("CARGO_BIN_EXE_engine-worker"))
-        .args([
-            "--model",
-            root.join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-                .to_str()
-                .unwrap(),
-        ])
-        .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
-        .args(["--tp-endpoint", &tp_endpoint])
+    let child = worker_command(&format!("tcp://127.0.0.1:{api_port}"), &tp_endpoint)
         .args([
             "--heartbeat-interval-ms",
             &HEARTBEAT_MS.to_string(),
@@ -441,20 +445,14 @@ async fn worker_serves_resyncs_aborts_and_drains() {
 /// non-zero at start, saying how much it has, how much one sequence needs, and what to give.
 #[test]
 fn a_kv_budget_below_one_full_sequence_refuses_to_start() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let (api_port, tp_port) = (free_port(), free_port());
-    let output = Command::new(env!("CARGO_BIN_EXE_engine-worker"))
-        .args([
-            "--model",
-            root.join("../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-                .to_str()
-                .unwrap(),
-        ])
-        .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
-        .args(["--tp-endpoint", &format!("tcp://127.0.0.1:{tp_port}")])
-        .args(["--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
-        .output()
-        .unwrap();
+    let output = worker_command(
+        &format!("tcp://127.0.0.1:{api_port}"),
+        &format!("tcp://127.0.0.1:{tp_port}"),
+    )
+    .args(["--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
+    .output()
+    .unwrap();
     assert!(!output.status.success(), "the worker started");
     let stderr = String::from_utf8_lossy(&output.stderr);
     // 64 MiB at 737,280 B a block (16 tokens × 46,080 B) is 91 blocks; 2,048 tokens need 128.

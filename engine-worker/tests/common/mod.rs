@@ -316,3 +316,16 @@ pub fn engine_config(k: usize, max_num_seqs: usize) -> EngineConfig {
         prefix_caching: true,
     }
 }
+
+/// `n` seeded random prompts of 1 to `max_len - 1` tokens from ids `1..vocab`.
+pub fn random_prompts(n: usize, seed: u64, vocab: usize, max_len: usize) -> Vec<Vec<u32>> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            // i32, as the suites drew it before this helper: the same prompts for a seed.
+            let len = rng.gen_range(1..max_len as i32);
+            (0..len).map(|_| rng.gen_range(1..vocab as u32)).collect()
+        })
+        .collect()
+}
