@@ -408,7 +408,7 @@ fn step_loop_thread(args: &Args, worker_id: &str, status: Arc<WorkerStatus>, end
     let _ = ends.admission.send(Some(ApiAdmission {
         max_waiting: engine.config().max_waiting,
     }));
-    status.set_draft_kv_bytes(engine.draft_kv_bytes());
+    status.set_kv_bytes(engine.kv_cache_bytes(), engine.draft_kv_bytes());
     status.set_ready(
         engine.backend().config().name.clone(),
         engine.config().max_model_len,

@@ -41,6 +41,9 @@ pub struct WorkerHello {
     /// Positions the worker's KV cache holds (blocks × block size); 0 until the model is loaded.
     /// The api-server's default admission bound derives from it.
     pub kv_capacity_tokens: u32,
+    /// Bytes of the target's KV cache (0 until the model is loaded): what the cache may take at
+    /// most (on the CPU its pages are backed as blocks are first written).
+    pub kv_bytes: u64,
     /// Bytes of the draft model's own KV cache, beside the target's (0 when the proposer keeps
     /// none, and until the model is loaded): what drafting costs in accelerator memory.
     pub draft_kv_bytes: u64,
@@ -163,6 +166,17 @@ pub struct Heartbeat {
     /// The token-processor acknowledged within its liveness window; false while the link is
     /// down or stalled (the worker reconnects and resyncs).
     pub tp_link_up: bool,
+    /// KV-cache blocks held by running sequences, cached (held by none, keeping a prompt prefix
+    /// for later requests until a new block needs the room) and free.
+    pub kv_blocks: KvBlocks,
+}
+
+/// How a worker's KV-cache blocks are used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvBlocks {
+    pub used: u32,
+    pub cached: u32,
+    pub free: u32,
 }
 
 impl Heartbeat {
@@ -181,6 +195,7 @@ impl Heartbeat {
             retained_evicted: 0,
             tp_acked_seq: 0,
             tp_link_up: true,
+            kv_blocks: KvBlocks::default(),
         }
     }
 }

@@ -31,6 +31,7 @@ fn setup(rows: usize, k: u8) -> (Ingest, Synth) {
         heartbeat_interval_ms: 0,
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
+        kv_bytes: 0,
         draft_kv_bytes: 0,
         max_num_seqs: 16,
         session: 7,

@@ -1,6 +1,7 @@
 //! `/metrics` (Prometheus text) and `/health` (200 only while ingest runs and a worker is alive).
 //! `/health`'s first line says which (`ok: ...` or `unavailable: ...`); one line per live worker
-//! follows, in logfmt: `worker=... model=... proposer=... num_spec_tokens=... draft_kv_bytes=...`.
+//! follows, in logfmt: `worker=... model=... proposer=... num_spec_tokens=... kv_capacity_tokens=...
+//! kv_bytes=... draft_kv_bytes=...`.
 
 use std::sync::Arc;
 
@@ -53,14 +54,18 @@ async fn health_check(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// One live worker as `/health` shows it: what it drafts with and what that costs.
+/// One live worker as `/health` shows it: what it drafts with, its KV cache (tokens it holds,
+/// bytes it may take) and what drafting costs beside it.
 fn worker_line(hello: &WorkerHello) -> String {
     format!(
-        "worker={} model={} proposer={} num_spec_tokens={} draft_kv_bytes={}\n",
+        "worker={} model={} proposer={} num_spec_tokens={} kv_capacity_tokens={} kv_bytes={} \
+         draft_kv_bytes={}\n",
         logfmt(&hello.worker_id),
         logfmt(&hello.model),
         logfmt(&hello.proposer),
         hello.num_spec_tokens,
+        hello.kv_capacity_tokens,
+        hello.kv_bytes,
         hello.draft_kv_bytes
     )
 }
@@ -96,6 +101,7 @@ mod tests {
             heartbeat_interval_ms: 500,
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
+            kv_bytes: 0,
             draft_kv_bytes: 6_291_456,
             max_num_seqs: 16,
             session: 7,
@@ -103,7 +109,8 @@ mod tests {
         assert_eq!(
             worker_line(&hello),
             "worker=engine-worker@host/ipc:///run/specula/api model=\"my model\" \
-             proposer=draft:SmolLM2-135M-Instruct.Q4_0 num_spec_tokens=4 draft_kv_bytes=6291456\n"
+             proposer=draft:SmolLM2-135M-Instruct.Q4_0 num_spec_tokens=4 kv_capacity_tokens=32768 \
+             kv_bytes=0 draft_kv_bytes=6291456\n"
         );
         assert_eq!(logfmt(""), "\"\"");
         assert_eq!(logfmt("a\"b=c"), "\"a\\\"b=c\"");

@@ -7,6 +7,7 @@
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use proto::worker_tp::KvBlocks;
 
 use crate::binned::{self, BinnedHistogram, Labels, OwnCounter};
 use crate::error::TpError;
@@ -47,6 +48,10 @@ pub const TTFT: &str = "specula_time_to_first_token_seconds";
 pub const ITL: &str = "specula_inter_token_latency_seconds";
 pub const E2E: &str = "specula_e2e_request_latency_seconds";
 pub const REQUESTS_RUNNING: &str = "specula_requests_running";
+pub const KV_CACHE_BLOCKS: &str = "specula_kv_cache_blocks";
+pub const KV_CACHE_BYTES: &str = "specula_kv_cache_bytes";
+/// The `state` label values of [`KV_CACHE_BLOCKS`], in [`WorkerMetrics::kv_blocks`]'s order.
+pub const KV_BLOCK_STATES: [&str; 3] = ["used", "cached", "free"];
 pub const WORKERS_CONNECTED: &str = "specula_workers_connected";
 pub const API_SERVERS_CONNECTED: &str = "specula_api_servers_connected";
 pub const BATCH_PROCESSING: &str = "specula_step_batch_processing_seconds";
@@ -212,6 +217,19 @@ fn describe_requests() {
         Unit::Count,
         "Requests in flight on the worker."
     );
+    describe_gauge!(
+        KV_CACHE_BLOCKS,
+        Unit::Count,
+        "The worker's KV-cache blocks by state, from its latest heartbeat: used (held by running \
+         sequences), cached (held by none, keeping a prompt prefix until a new block needs the \
+         room) and free."
+    );
+    describe_gauge!(
+        KV_CACHE_BYTES,
+        Unit::Bytes,
+        "Bytes of the worker's target KV cache: the most it may take (on the CPU its pages are \
+         backed as blocks are first written)."
+    );
 }
 
 /// Peers connected now.
@@ -374,6 +392,9 @@ pub struct WorkerMetrics {
     itl: BinnedHistogram,
     e2e: Histogram,
     pub running: Gauge,
+    /// [`KV_CACHE_BLOCKS`] by [`KV_BLOCK_STATES`].
+    kv_blocks: [Gauge; 3],
+    kv_bytes: Gauge,
     pub batch_processing: Histogram,
     pub gaps: Counter,
     pub invalid_batches: Counter,
@@ -396,6 +417,14 @@ impl WorkerMetrics {
         };
         let running = gauge!(REQUESTS_RUNNING, &labels);
         running.set(0.0);
+        let kv_blocks = KV_BLOCK_STATES.map(|state| {
+            let mut labels = labels.to_vec();
+            labels.push(("state", state.to_owned()));
+            let handle = gauge!(KV_CACHE_BLOCKS, &labels);
+            handle.set(0.0);
+            handle
+        });
+        let kv_bytes = gauge!(KV_CACHE_BYTES, &labels);
         Self {
             spec: SpecSeries::new(model, worker, proposer, num_spec_tokens),
             finished: FINISHED.map(c),
@@ -406,6 +435,8 @@ impl WorkerMetrics {
             itl: binned::histogram(ITL, &Labels::new(model, worker, &[])),
             e2e: histogram!(E2E, &labels),
             running,
+            kv_blocks,
+            kv_bytes,
             batch_processing: histogram!(BATCH_PROCESSING, &labels),
             gaps: c(GAPS),
             invalid_batches: c(INVALID_BATCHES),
@@ -414,6 +445,21 @@ impl WorkerMetrics {
             refused: c(REFUSED),
             lost: c(WORKERS_LOST),
             resyncs: c(RESYNCS),
+        }
+    }
+
+    pub fn set_kv_bytes(&self, bytes: u64) {
+        self.kv_bytes.set(bytes as f64);
+    }
+
+    /// The KV-cache blocks' use a heartbeat reported.
+    pub fn set_kv_blocks(&self, blocks: &KvBlocks) {
+        for (gauge, n) in self
+            .kv_blocks
+            .iter()
+            .zip([blocks.used, blocks.cached, blocks.free])
+        {
+            gauge.set(f64::from(n));
         }
     }
 

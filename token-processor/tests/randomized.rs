@@ -45,6 +45,7 @@ impl SimWorker {
             heartbeat_interval_ms: 500,
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
+            kv_bytes: 0,
             draft_kv_bytes: 0,
             max_num_seqs: 16,
             session: 7,

@@ -215,6 +215,7 @@ mod tests {
             heartbeat_interval_ms: 100,
             max_model_len: 2048,
             kv_capacity_tokens: 32_768,
+            kv_bytes: 0,
             draft_kv_bytes: 0,
             max_num_seqs: 16,
             session: 7,

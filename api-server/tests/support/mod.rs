@@ -270,6 +270,7 @@ async fn run_worker(
                                     heartbeat_interval_ms: INTERVAL.as_millis() as u32,
                                                         max_model_len: 2048,
                                                         kv_capacity_tokens: 32_768,
+                                                        kv_bytes: 0,
                                                         draft_kv_bytes: 0,
                                                         max_num_seqs: 16,
                                                         session: 7,

@@ -17,6 +17,7 @@ use crate::spec::{
     DraftCandidate, DraftJob, DraftPlanner, DraftSource, ModelDrafter, NgramProposer, Proposer,
     RequestAcceptance, StepCost, SuffixProposer, Verdict,
 };
+use proto::worker_tp::KvBlocks;
 use vocab::TokenBytes;
 
 /// Largest forward measured at start (about 0.2 s on a 2-core CPU); the cost curve goes on
@@ -222,6 +223,24 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Bytes of the drafter's own KV cache (0 without one, or for early exit).
+    /// Bytes of the target's KV cache.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.backend.kv_cache_bytes()
+    }
+
+    /// How the KV-cache blocks are used now: held by sequences, cached (a prefix no sequence
+    /// holds) and free.
+    pub fn kv_blocks(&self) -> proto::worker_tp::KvBlocks {
+        let alloc = self.scheduler.allocator();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let evictable = alloc.num_evictable();
+        KvBlocks {
+            used: count(alloc.num_blocks() - alloc.num_free()),
+            cached: count(evictable),
+            free: count(alloc.num_free() - evictable),
+        }
+    }
+
     pub fn draft_kv_bytes(&self) -> u64 {
         self.drafter
             .as_ref()

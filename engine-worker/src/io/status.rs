@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use proto::worker_tp::{Heartbeat, WorkerHello};
+use proto::worker_tp::{Heartbeat, KvBlocks, WorkerHello};
 
 #[derive(Debug)]
 pub struct WorkerStatus {
@@ -17,8 +17,14 @@ pub struct WorkerStatus {
     /// 0 until the model is loaded.
     max_model_len: AtomicU32,
     kv_capacity_tokens: AtomicU32,
-    /// Bytes of the draft model's own KV cache; 0 when the proposer keeps none.
+    /// Bytes of the target's KV cache, and of the draft model's own (0 when the proposer keeps
+    /// none).
+    kv_bytes: AtomicU64,
     draft_kv_bytes: AtomicU64,
+    /// Blocks used, cached and free, as the step loop last saw them.
+    kv_used: AtomicU32,
+    kv_cached: AtomicU32,
+    kv_free: AtomicU32,
     max_num_seqs: AtomicU32,
     /// Sent only to token-processors (`WorkerHello::session`).
     session: u64,
@@ -58,7 +64,11 @@ impl WorkerStatus {
             model: RwLock::new(model),
             max_model_len: AtomicU32::new(0),
             kv_capacity_tokens: AtomicU32::new(0),
+            kv_bytes: AtomicU64::new(0),
             draft_kv_bytes: AtomicU64::new(0),
+            kv_used: AtomicU32::new(0),
+            kv_cached: AtomicU32::new(0),
+            kv_free: AtomicU32::new(0),
             max_num_seqs: AtomicU32::new(0),
             session: rand::random::<u64>() | 1,
             ready: AtomicBool::new(false),
@@ -104,10 +114,18 @@ impl WorkerStatus {
         self.ready.store(true, Ordering::SeqCst);
     }
 
-    /// The draft model's KV cache is allocated: hellos state its size from now on (set it before
-    /// [`Self::set_ready`], so the ready hello carries it).
-    pub fn set_draft_kv_bytes(&self, bytes: u64) {
-        self.draft_kv_bytes.store(bytes, Ordering::SeqCst);
+    /// The KV caches are allocated: hellos state their sizes from now on (set them before
+    /// [`Self::set_ready`], so the ready hello carries them).
+    pub fn set_kv_bytes(&self, target: u64, draft: u64) {
+        self.kv_bytes.store(target, Ordering::SeqCst);
+        self.draft_kv_bytes.store(draft, Ordering::SeqCst);
+    }
+
+    /// The KV-cache blocks' use, for the heartbeats.
+    pub fn publish_kv(&self, blocks: KvBlocks) {
+        self.kv_used.store(blocks.used, Ordering::SeqCst);
+        self.kv_cached.store(blocks.cached, Ordering::SeqCst);
+        self.kv_free.store(blocks.free, Ordering::SeqCst);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -189,6 +207,7 @@ impl WorkerStatus {
             heartbeat_interval_ms: self.heartbeat_interval_ms,
             max_model_len: self.max_model_len.load(Ordering::SeqCst),
             kv_capacity_tokens: self.kv_capacity_tokens.load(Ordering::SeqCst),
+            kv_bytes: self.kv_bytes.load(Ordering::SeqCst),
             draft_kv_bytes: self.draft_kv_bytes.load(Ordering::SeqCst),
             max_num_seqs: self.max_num_seqs.load(Ordering::SeqCst),
             session: self.session,
@@ -208,6 +227,11 @@ impl WorkerStatus {
             retained_evicted: self.retained_evicted.load(Ordering::SeqCst),
             tp_acked_seq: self.tp_acked_seq.load(Ordering::SeqCst),
             tp_link_up: self.tp_link_up.load(Ordering::SeqCst),
+            kv_blocks: KvBlocks {
+                used: self.kv_used.load(Ordering::SeqCst),
+                cached: self.kv_cached.load(Ordering::SeqCst),
+                free: self.kv_free.load(Ordering::SeqCst),
+            },
         }
     }
 }

@@ -113,6 +113,7 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
         }
         io.status
             .publish(next_seq, engine.num_running(), engine.num_waiting());
+        io.status.publish_kv(engine.kv_blocks());
         let (retained, retained_bytes, evicted) = engine.retained_stats();
         io.status
             .publish_retained(retained, retained_bytes, evicted);

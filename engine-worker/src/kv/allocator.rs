@@ -50,6 +50,12 @@ impl BlockAllocator {
         self.free.len() + self.evictable.len()
     }
 
+    /// Blocks no table holds that keep a prompt prefix (taken for new work only when no free
+    /// block is left).
+    pub fn num_evictable(&self) -> usize {
+        self.evictable.len()
+    }
+
     /// Blocks registered as holding a prompt prefix, held or not.
     pub fn num_cached(&self) -> usize {
         self.prefixes.len()

@@ -17,6 +17,7 @@ pub fn worker_hello() -> WorkerHello {
         heartbeat_interval_ms: 500,
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
+        kv_bytes: 1_509_949_440,
         draft_kv_bytes: 6_291_456,
         max_num_seqs: 16,
         session: 7,
@@ -44,6 +45,11 @@ pub fn heartbeat() -> Heartbeat {
         retained_evicted: 0,
         tp_acked_seq: 40,
         tp_link_up: true,
+        kv_blocks: proto::worker_tp::KvBlocks {
+            used: 12,
+            cached: 30,
+            free: 2006,
+        },
     }
 }
 

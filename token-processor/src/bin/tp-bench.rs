@@ -187,6 +187,7 @@ fn hello(worker_id: &str, k: u8) -> WorkerToTp {
         heartbeat_interval_ms: 60_000,
         max_model_len: 2048,
         kv_capacity_tokens: 32_768,
+        kv_bytes: 0,
         draft_kv_bytes: 0,
         max_num_seqs: 16,
         session: 7,

@@ -105,6 +105,8 @@ impl WorkerEntry {
     /// to the new label (the old ones are retired, never left beside them).
     fn refresh(&mut self, hello: WorkerHello) {
         self.hello.ready = hello.ready;
+        self.hello.kv_capacity_tokens = hello.kv_capacity_tokens;
+        self.hello.kv_bytes = hello.kv_bytes;
         self.hello.draft_kv_bytes = hello.draft_kv_bytes;
         if hello.proposer != self.hello.proposer {
             tracing::info!(worker = %hello.worker_id, old = %self.hello.proposer, new = %hello.proposer, "worker changed its proposer");
@@ -116,6 +118,7 @@ impl WorkerEntry {
                 self.hello.num_spec_tokens as usize,
             );
         }
+        self.metrics.set_kv_bytes(self.hello.kv_bytes);
     }
 }
 
@@ -350,8 +353,10 @@ impl Ingest {
 
     fn admit(&mut self, hello: WorkerHello, routing_id: &Bytes, now: Clock) {
         let k = hello.num_spec_tokens as usize;
+        let metrics = WorkerMetrics::new(&hello.model, &hello.worker_id, &hello.proposer, k);
+        metrics.set_kv_bytes(hello.kv_bytes);
         let entry = WorkerEntry {
-            metrics: WorkerMetrics::new(&hello.model, &hello.worker_id, &hello.proposer, k),
+            metrics,
             tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker),
             obs: Observations::new(k),
             next_seq: None,
@@ -471,6 +476,7 @@ impl Ingest {
             return Self::foreign(stats);
         }
         entry.last_heard_ns = now.mono_ns;
+        entry.metrics.set_kv_blocks(&hb.kv_blocks);
         match entry.next_seq {
             Some(next) if hb.next_seq > next => {
                 stats.gaps += 1;
