@@ -104,15 +104,7 @@ async fn serve(draft: &Path) -> Run {
     }
     // The token-processor has every batch once the last response came back through it.
     run.metrics = stack.metrics_text().await;
-    run.health = stack
-        .client()
-        .get(format!("http://127.0.0.1:{}/health", stack.metrics_port))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    run.health = stack.tp_health_text().await;
     run
 }
 

@@ -42,15 +42,7 @@ async fn kv_cache_size_and_block_use_are_reported() {
         gauge(&text, "specula_kv_cache_bytes"),
         Some((u64::from(BLOCKS) * BYTES_PER_BLOCK) as f64)
     );
-    let health = stack
-        .client()
-        .get(stack.metrics_url().replace("/metrics", "/health"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let health = stack.tp_health_text().await;
     let expected = format!(
         "kv_capacity_tokens={} kv_bytes={}",
         BLOCKS * 16,

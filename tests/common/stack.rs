@@ -241,6 +241,18 @@ impl Stack {
         format!("http://127.0.0.1:{}/metrics", self.metrics_port)
     }
 
+    /// The token-processor's `/health` body (its worker lines), whatever the status.
+    pub async fn tp_health_text(&self) -> String {
+        self.http
+            .get(format!("http://127.0.0.1:{}/health", self.metrics_port))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn client(&self) -> &reqwest::Client {
         &self.http
     }
