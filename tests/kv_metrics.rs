@@ -11,8 +11,9 @@ use common::timing::PATIENCE;
 use common::wait_until;
 
 const BLOCKS: u32 = 256;
-/// SmolLM2-135M: 30 layers × 3 KV heads × 64 × 2 (keys, values) × 4 B, × 16 tokens a block.
-const BYTES_PER_BLOCK: u64 = 30 * 3 * 64 * 2 * 4 * 16;
+/// SmolLM2-135M in Q8_0: 30 layers × 3 KV heads × 2 (keys, values) × a 64-wide row in two
+/// 34-byte blocks, × 16 tokens a block.
+const BYTES_PER_BLOCK: u64 = 30 * 3 * 2 * 68 * 16;
 
 /// The value of `name{...state="<state>"...}`, if exported.
 fn blocks(text: &str, state: &str) -> Option<f64> {
@@ -33,7 +34,12 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kv_cache_size_and_block_use_are_reported() {
     let stack = Stack::start(StackConfig {
-        worker_args: vec!["--num-kv-blocks".into(), BLOCKS.to_string()],
+        worker_args: vec![
+            "--num-kv-blocks".into(),
+            BLOCKS.to_string(),
+            "--kv-cache-dtype".into(),
+            "q8_0".into(),
+        ],
         ..StackConfig::default()
     })
     .await;

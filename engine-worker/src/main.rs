@@ -14,7 +14,7 @@ use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettin
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
-use engine_worker::kv::{parse_bytes, KvBudget};
+use engine_worker::kv::{parse_bytes, KvBudget, KvDtype};
 use engine_worker::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{DraftSource, SpecPolicy, SuffixConfig};
 use engine_worker::trace::TraceWriter;
@@ -150,6 +150,17 @@ struct Args {
     /// memory is overcommitted and must be reserved up front.
     #[arg(long, env = "SPECULA_KV_CACHE_PREFAULT", default_value_t = false, action = clap::ArgAction::Set)]
     kv_cache_prefault: bool,
+    /// Precision the KV cache stores keys and values in: f32, f16, bf16 or q8_0 (ggml's
+    /// 8-bit blocks). Attention reads the stored form directly; docs/benchmarks.md has what
+    /// each costs in exactness and speed. Default: f16 on the CPU, f32 on CUDA (which stores
+    /// f32 only).
+    #[arg(long, env = "SPECULA_KV_CACHE_DTYPE")]
+    kv_cache_dtype: Option<KvDtype>,
+    /// Ask for transparent huge pages for the KV cache. Off by default: measured, they do not
+    /// speed serving up at 1 or 8 clients, and each first write backs 2 MiB instead of 4 KiB
+    /// (the weights stay on huge pages, where one stream gains).
+    #[arg(long, env = "SPECULA_KV_CACHE_HUGE_PAGES", default_value_t = false, action = clap::ArgAction::Set)]
+    kv_cache_huge_pages: bool,
     /// Tokens per KV block.
     #[arg(long, env = "SPECULA_BLOCK_SIZE", default_value_t = 16)]
     block_size: usize,
@@ -475,6 +486,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
                 bytes: budget,
                 block_size: args.block_size,
                 max_model_len: args.max_model_len,
+                dtype: kv_dtype(args),
             };
             let blocks = budget.blocks(&model.config, draft.as_ref().map(|d| &d.config))?;
             tracing::info!(
@@ -490,6 +502,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
     tracing::info!(
         model = %backend.config().name,
         load_ms = started.elapsed().as_millis() as u64,
+        kv_cache_dtype = %kv_dtype(args),
         "model loaded"
     );
     let cfg = EngineConfig {
@@ -556,6 +569,14 @@ fn load_draft(
     Ok(Some(draft))
 }
 
+/// The KV cache's precision: as asked, else the device's default.
+fn kv_dtype(args: &Args) -> KvDtype {
+    args.kv_cache_dtype.unwrap_or(match args.device {
+        Device::Cpu => KvDtype::SERVING_DEFAULT,
+        Device::Cuda(_) => KvDtype::F32,
+    })
+}
+
 fn build_backend(args: &Args, model: Model, num_blocks: usize) -> anyhow::Result<Box<dyn Backend>> {
     match args.device {
         Device::Cpu => {
@@ -564,11 +585,20 @@ fn build_backend(args: &Args, model: Model, num_blocks: usize) -> anyhow::Result
             options.threads = args.threads;
             options.isa = args.cpu_isa;
             options.prefault_kv = args.kv_cache_prefault;
+            options.kv_dtype = kv_dtype(args);
+            options.kv_huge_pages = args.kv_cache_huge_pages;
             Ok(Box::new(CpuBackend::new(model, options)?))
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => {
             use engine_worker::backend::cuda::{CudaBackend, CudaOptions};
+            if kv_dtype(args) != KvDtype::F32 {
+                anyhow::bail!(
+                    "--kv-cache-dtype {} is served by the CPU backend only; the CUDA backend \
+                     stores the KV cache in f32",
+                    kv_dtype(args)
+                );
+            }
             let options = CudaOptions {
                 ordinal,
                 block_size: args.block_size,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::backend::{Backend, LogitsFor, SeqForward};
+use engine_worker::kv::KvDtype;
 use engine_worker::model::load_gguf;
 use serde_json::Value;
 
@@ -276,6 +277,111 @@ fn smollm2_first_step_logits_match_on_every_instruction_set() {
                     "{isa:?} {name}: logit of {id} is {got} vs {want}"
                 );
             }
+        }
+    }
+}
+
+/// One KV precision against one golden prompt.
+struct PrecisionResult {
+    /// Largest |error| of the first step's top-20 logits.
+    top20_error: f64,
+    /// Leading greedy tokens equal to the golden continuation, generating freely.
+    agree: usize,
+    /// Steps before the golden continuation's first near-tie (top-2 margin below
+    /// [`MIN_MARGIN`]), where faithful implementations must agree.
+    must_agree: usize,
+    total: usize,
+}
+
+/// Greedy generation from the prompt on the backend's own tokens, compared with the golden ones.
+fn against_golden(backend: &mut CpuBackend, case: &Value) -> PrecisionResult {
+    let table: Vec<u32> = (0..16).collect();
+    let prompt = ids(&case["prompt_ids"]);
+    let greedy = ids(&case["greedy_ids"]);
+    let margins = floats(&case["top2_margins"]);
+    let mut logits = backend.forward(&[seq(&prompt, 0, &table, false)]).unwrap();
+    let top = &case["first_step_top20"];
+    let top20_error = ids(&top["top_ids"])
+        .iter()
+        .zip(floats(&top["top_logits"]))
+        .map(|(id, want)| (f64::from(logits[*id as usize]) - want).abs())
+        .fold(0.0, f64::max);
+    let mut agree = 0;
+    for (step, &want) in greedy.iter().enumerate() {
+        let got = argmax(&logits);
+        if got != want {
+            break;
+        }
+        agree += 1;
+        if step + 1 < greedy.len() {
+            let at = prompt.len() + step;
+            logits = backend.forward(&[seq(&[got], at, &table, false)]).unwrap();
+        }
+    }
+    PrecisionResult {
+        top20_error,
+        agree,
+        must_agree: margins
+            .iter()
+            .position(|&m| m < MIN_MARGIN)
+            .unwrap_or(greedy.len()),
+        total: greedy.len(),
+    }
+}
+
+/// Every KV precision against the golden data, printed as the table in docs/benchmarks.md
+/// (`cargo test --release -p engine-worker --test golden_smollm2 precisions -- --nocapture`).
+/// f32 must agree everywhere it must; the worker's default precision is the cheapest that
+/// does, so every cheaper one must fail somewhere (else the default is wrong: this says so).
+#[test]
+fn kv_cache_precisions_against_the_golden_continuations() {
+    let model = load_gguf(&model_path()).unwrap();
+    let cases = golden_cases();
+    let default = KvDtype::SERVING_DEFAULT;
+    let bytes = |d: KvDtype| d.row_bytes(model.config.head_dim);
+    println!("| KV precision | bytes a token | prompt | top-20 max abs error | greedy tokens equal | before the first near-tie |");
+    println!("|---|---:|---|---:|---:|---:|");
+    let mut holds = Vec::new();
+    for dtype in KvDtype::ALL {
+        let mut options = CpuBackendOptions::new(16);
+        options.kv_dtype = dtype;
+        let mut backend = CpuBackend::new(model.clone(), options).unwrap();
+        let per_token = 2 * model.config.num_layers * model.config.num_kv_heads * bytes(dtype);
+        let mut all_hold = true;
+        for (name, case) in &cases {
+            let r = against_golden(&mut backend, case);
+            let held = r.agree >= r.must_agree;
+            all_hold &= held;
+            println!(
+                "| {dtype} | {per_token} | {name} | {:.1e} | {}/{} | {} |",
+                r.top20_error,
+                r.agree,
+                r.total,
+                if held {
+                    "all".to_string()
+                } else {
+                    format!("{}/{}", r.agree, r.must_agree)
+                }
+            );
+        }
+        holds.push((dtype, all_hold));
+    }
+    assert!(
+        holds[0] == (KvDtype::F32, true),
+        "f32 must agree with the golden continuations"
+    );
+    let default_holds = holds.iter().any(|&(d, h)| d == default && h);
+    assert!(
+        default_holds,
+        "the default KV precision {default} breaks a golden continuation"
+    );
+    for (dtype, held) in holds {
+        if bytes(dtype) < bytes(default) {
+            assert!(
+                !held,
+                "{dtype} is cheaper than the default {default} and agrees with every golden \
+                 continuation: it should be the default"
+            );
         }
     }
 }

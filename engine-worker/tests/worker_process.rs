@@ -450,18 +450,20 @@ fn a_kv_budget_below_one_full_sequence_refuses_to_start() {
         &format!("tcp://127.0.0.1:{api_port}"),
         &format!("tcp://127.0.0.1:{tp_port}"),
     )
-    .args(["--kv-cache-memory", "64MiB", "--max-model-len", "2048"])
+    .args(["--kv-cache-memory", "32MiB", "--max-model-len", "2048"])
+    .args(["--kv-cache-dtype", "f16"])
     .output()
     .unwrap();
     assert!(!output.status.success(), "the worker started");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    // 64 MiB at 737,280 B a block (16 tokens × 46,080 B) is 91 blocks; 2,048 tokens need 128.
+    // 32 MiB at 368,640 B an f16 block (16 tokens × 23,040 B) is 91 blocks; 2,048 tokens need
+    // 128.
     for number in [
-        "67108864 B",
+        "33554432 B",
         "91 KV blocks",
         "the 128",
         "2048 tokens",
-        "94371840 B",
+        "47185920 B",
     ] {
         assert!(
             stderr.contains(number),

@@ -13,7 +13,9 @@
 #                      (policy and proposer go to the worker as SPECULA_SPEC_POLICY and
 #                      SPECULA_PROPOSER, e.g. "k4suffix:4:goodput:suffix"; a proposer
 #                      draft=PATH is SPECULA_DRAFT_MODEL, layers=N is SPECULA_DRAFT_LAYERS, e.g.
-#                      "q40:4:fixed:draft=/tmp/q4_0.gguf"); set empty for none. Each stack's
+#                      "q40:4:fixed:draft=/tmp/q4_0.gguf"); more fields kv=DTYPE and
+#                      hugepages=BOOL set SPECULA_KV_CACHE_DTYPE and SPECULA_KV_CACHE_HUGE_PAGES
+#                      (e.g. "f16:4:goodput:ngram:kv=f16"); set empty for none. Each stack's
 #                      /metrics after its run lands beside its result (<tag>-NAME.metrics)
 #   LLAMA_SERVER       llama-server binary; default <repo>/.tools/llama.cpp/build/bin/llama-server
 #                      when it exists (scripts/bench/build-llama-server.sh builds it), else skipped
@@ -38,7 +40,8 @@
 # spinning threads (-t = all cores) slow down many times over when a build shares the cores.
 # Extra serving.py options can be given in SERVING_ARGS (e.g. "--max-tokens 64").
 # Greedy texts of the specula settings are checked identical prompt by prompt (serving.py
-# --compare); exit 1 when they differ or any request failed.
+# --compare) among the settings of one KV precision (another precision may legitimately
+# change a near-tie); exit 1 when they differ or any request failed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -141,7 +144,7 @@ wait_healthy() {
 status=0
 names=()          # servers in order of first run, for the table
 declare -A files  # NAME -> its result files, comma-separated, one per round
-spec_files=()     # specula result files (all rounds) for --compare
+declare -A spec_files=()  # KV precision -> specula result files (all rounds) for --compare
 first_spec=""
 suffix=""         # "-rR" in round R when there are several
 
@@ -199,7 +202,7 @@ run_round() {  # llama-server (when given), then every specula setting, one at a
   fi
 
   for setting in $settings; do
-    IFS=: read -r name k policy proposer <<<"$setting"
+    IFS=: read -r name k policy proposer options <<<"$setting"
     [ -n "$name" ] && [ -n "$k" ] || { echo "serving.sh: bad setting '$setting'" >&2; exit 2; }
     api_port="$(free_port)"
     metrics_port="$(free_port)"
@@ -215,6 +218,15 @@ run_round() {  # llama-server (when given), then every specula setting, one at a
       layers=*) envs+=(SPECULA_DRAFT_LAYERS="${proposer#layers=}") ;;
       *) envs+=(SPECULA_PROPOSER="$proposer") ;;
     esac
+    kv="${SPECULA_KV_CACHE_DTYPE:-default}"
+    IFS=: read -r -a more <<<"${options:-}"
+    for option in "${more[@]}"; do
+      case "$option" in
+        kv=*) kv="${option#kv=}"; envs+=(SPECULA_KV_CACHE_DTYPE="$kv") ;;
+        hugepages=*) envs+=(SPECULA_KV_CACHE_HUGE_PAGES="${option#hugepages=}") ;;
+        *) echo "serving.sh: unknown option '$option' in setting '$setting'" >&2; exit 2 ;;
+      esac
+    done
     env "${envs[@]}" setsid scripts/serve.sh >"$log" 2>&1 &
     srv_pid=$!
     if wait_healthy "http://127.0.0.1:$api_port/health" "$start_timeout" "specula $name"; then
@@ -224,7 +236,7 @@ run_round() {  # llama-server (when given), then every specula setting, one at a
 import sys, urllib.request
 sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())
 PY
-      [ -f "$out_dir/$tag-$name$suffix.json" ] && spec_files+=("$out_dir/$tag-$name$suffix.json")
+      [ -f "$out_dir/$tag-$name$suffix.json" ] && spec_files[$kv]+=" $out_dir/$tag-$name$suffix.json"
       [ -n "$first_spec" ] || first_spec="$name"
     else
       tail -n 20 "$log" >&2
@@ -244,16 +256,18 @@ summary="$out_dir/$tag-summary.md"
   echo "## Serving benchmark: $workload, concurrency $concurrency, $num_prompts prompts"
   echo
 } >"$summary"
-if [ ${#spec_files[@]} -ge 2 ]; then
-  if cmp_out="$("${serving[@]}" --compare "${spec_files[@]}")"; then
-    echo "Greedy texts identical across specula settings (${#spec_files[@]} runs)." >>"$summary"
+for kv in "${!spec_files[@]}"; do
+  read -r -a group <<<"${spec_files[$kv]}"
+  [ ${#group[@]} -ge 2 ] || continue
+  if cmp_out="$("${serving[@]}" --compare "${group[@]}")"; then
+    echo "Greedy texts identical across specula settings with KV cache $kv (${#group[@]} runs)." >>"$summary"
   else
-    { echo "**Greedy texts differ across specula settings:**"; echo '```'; echo "$cmp_out"
-      echo '```'; } >>"$summary"
+    { echo "**Greedy texts differ across specula settings with KV cache $kv:**"; echo '```'
+      echo "$cmp_out"; echo '```'; } >>"$summary"
     status=1
   fi
   echo >>"$summary"
-fi
+done
 if [ ${#names[@]} -gt 0 ]; then
   results=()
   for name in "${names[@]}"; do results+=("$name=${files[$name]}"); done

@@ -1,19 +1,17 @@
 //! `/metrics` (Prometheus text) and `/health` (200 only while ingest runs and a worker is alive).
 //! `/health`'s first line says which (`ok: ...` or `unavailable: ...`); one line per live worker
 //! follows, in logfmt: `worker=... model=... proposer=... num_spec_tokens=... kv_capacity_tokens=...
-//! kv_bytes=... draft_kv_bytes=...`.
+//! kv_bytes=... draft_kv_bytes=... kv_blocks_used=... kv_blocks_cached=... kv_blocks_free=...`.
 
 use std::sync::Arc;
 
+use crate::ingest::{IngestHealth, WorkerView};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use proto::worker_tp::WorkerHello;
-
-use crate::ingest::IngestHealth;
 
 #[derive(Clone)]
 struct AppState {
@@ -55,18 +53,23 @@ async fn health_check(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// One live worker as `/health` shows it: what it drafts with, its KV cache (tokens it holds,
-/// bytes it may take) and what drafting costs beside it.
-fn worker_line(hello: &WorkerHello) -> String {
+/// bytes it may take, blocks in use, cached for later prompts and free, at its latest
+/// heartbeat) and what drafting costs beside it.
+fn worker_line(view: &WorkerView) -> String {
+    let WorkerView { hello, kv_blocks } = view;
     format!(
         "worker={} model={} proposer={} num_spec_tokens={} kv_capacity_tokens={} kv_bytes={} \
-         draft_kv_bytes={}\n",
+         draft_kv_bytes={} kv_blocks_used={} kv_blocks_cached={} kv_blocks_free={}\n",
         logfmt(&hello.worker_id),
         logfmt(&hello.model),
         logfmt(&hello.proposer),
         hello.num_spec_tokens,
         hello.kv_capacity_tokens,
         hello.kv_bytes,
-        hello.draft_kv_bytes
+        hello.draft_kv_bytes,
+        kv_blocks.used,
+        kv_blocks.cached,
+        kv_blocks.free
     )
 }
 
@@ -86,6 +89,8 @@ fn logfmt(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use proto::worker_tp::{KvBlocks, WorkerHello};
+
     use super::*;
 
     #[test]
@@ -106,11 +111,17 @@ mod tests {
             max_num_seqs: 16,
             session: 7,
         };
+        let kv_blocks = KvBlocks {
+            used: 3,
+            cached: 5,
+            free: 2040,
+        };
         assert_eq!(
-            worker_line(&hello),
+            worker_line(&WorkerView { hello, kv_blocks }),
             "worker=engine-worker@host/ipc:///run/specula/api model=\"my model\" \
              proposer=draft:SmolLM2-135M-Instruct.Q4_0 num_spec_tokens=4 kv_capacity_tokens=32768 \
-             kv_bytes=0 draft_kv_bytes=6291456\n"
+             kv_bytes=0 draft_kv_bytes=6291456 kv_blocks_used=3 kv_blocks_cached=5 \
+             kv_blocks_free=2040\n"
         );
         assert_eq!(logfmt(""), "\"\"");
         assert_eq!(logfmt("a\"b=c"), "\"a\\\"b=c\"");

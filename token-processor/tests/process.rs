@@ -376,7 +376,8 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     let body = wait_health(http_port, 200, Duration::from_secs(5)).await;
     assert_eq!(
         body,
-        format!("ok: 1 worker(s) alive\nworker={WORKER} model=smol proposer=ngram num_spec_tokens=4 kv_capacity_tokens=32768 kv_bytes=1509949440 draft_kv_bytes=0\n")
+        format!("ok: 1 worker(s) alive\nworker={WORKER} model=smol proposer=ngram num_spec_tokens=4 kv_capacity_tokens=32768 kv_bytes=1509949440 draft_kv_bytes=0 \
+                 kv_blocks_used=0 kv_blocks_cached=0 kv_blocks_free=0\n")
     );
 
     // Request 1 (api-a) and 2 (api-b): prefill, two verification steps, finish.
@@ -587,7 +588,8 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     let restarted = FakeWorker::connect(&ingest, worker_hello(2, "draft:smol-q4", 6_291_456)).await;
     let body = wait_health(http_port, 200, detection_bound()).await;
     assert!(
-        body.ends_with(&format!("worker={WORKER} model=smol proposer=draft:smol-q4 num_spec_tokens=4 kv_capacity_tokens=32768 kv_bytes=1509949440 draft_kv_bytes=6291456\n")),
+        body.ends_with(&format!("worker={WORKER} model=smol proposer=draft:smol-q4 num_spec_tokens=4 kv_capacity_tokens=32768 kv_bytes=1509949440 draft_kv_bytes=6291456 \
+                 kv_blocks_used=0 kv_blocks_cached=0 kv_blocks_free=0\n")),
         "{body}"
     );
     restarted

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RowKind};
+use engine_worker::kv::KvDtype;
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::SpecPolicy;
 use proto::api_worker::{AddRequest, SamplingParams, StopConditions};
@@ -54,6 +55,9 @@ struct Args {
     /// requests repeat earlier ones (what the suffix proposer's shared trie is for).
     #[arg(long, default_value_t = 0)]
     warm_rounds: u64,
+    /// KV cache precision: f32, f16, bf16 or q8_0.
+    #[arg(long, env = "SPECULA_KV_CACHE_DTYPE", default_value_t = KvDtype::default())]
+    kv_cache_dtype: KvDtype,
     /// Comma list of prompts to run: repetitive, free-form.
     #[arg(long, default_value = "repetitive,free-form", value_delimiter = ',')]
     prompts: Vec<String>,
@@ -132,6 +136,7 @@ fn bench(
     let mut options = CpuBackendOptions::new(1024);
     options.threads = threads;
     options.isa = args.cpu_isa;
+    options.kv_dtype = args.kv_cache_dtype;
     let backend = CpuBackend::new(model.clone(), options)?;
     let cfg = EngineConfig {
         num_spec_tokens: k,

@@ -1,6 +1,7 @@
 //! Sizing the KV cache from a memory budget (`--kv-cache-memory`, vLLM's `--kv-cache-memory`):
 //! how many blocks the budget holds at what one block takes, target and draft model together.
 
+use super::KvDtype;
 use crate::backend::cpu::CpuBackend;
 use crate::model::ModelConfig;
 use crate::EngineError;
@@ -13,6 +14,8 @@ pub struct KvBudget {
     pub block_size: usize,
     /// Most positions one sequence may take (clamped to the model's context).
     pub max_model_len: usize,
+    /// Precision of the cache (target and draft alike).
+    pub dtype: KvDtype,
 }
 
 impl KvBudget {
@@ -29,9 +32,10 @@ impl KvBudget {
                 "a KV block holds at least one token".into(),
             ));
         }
-        // Both backends keep keys and values in f32.
-        let per_block = CpuBackend::kv_bytes_per_block(target, self.block_size)
-            + draft.map_or(0, |d| CpuBackend::kv_bytes_per_block(d, self.block_size));
+        let per_block = CpuBackend::kv_bytes_per_block(target, self.block_size, self.dtype)
+            + draft.map_or(0, |d| {
+                CpuBackend::kv_bytes_per_block(d, self.block_size, self.dtype)
+            });
         let blocks = usize::try_from(self.bytes / per_block as u64).unwrap_or(usize::MAX);
         let context = self.max_model_len.min(target.max_position_embeddings);
         let needed = context.div_ceil(self.block_size);
@@ -104,6 +108,7 @@ mod tests {
             bytes: 1 << 30,
             block_size: 16,
             max_model_len: 2048,
+            dtype: KvDtype::F32,
         };
         let per_block = 46_080 * 16;
         assert_eq!(
@@ -115,6 +120,15 @@ mod tests {
             budget.blocks(&smollm2(), Some(&smollm2())).unwrap(),
             (1 << 30) / (2 * per_block)
         );
+        // Q8_0 takes 34 bytes for 32 f32s' 128.
+        let q8 = KvBudget {
+            dtype: KvDtype::Q8_0,
+            ..budget
+        };
+        assert_eq!(
+            q8.blocks(&smollm2(), None).unwrap(),
+            (1 << 30) / (per_block * 34 / 128)
+        );
     }
 
     #[test]
@@ -123,6 +137,7 @@ mod tests {
             bytes: 64 << 20,
             block_size: 16,
             max_model_len: 2048,
+            dtype: KvDtype::F32,
         };
         let err = budget.blocks(&smollm2(), None).unwrap_err().to_string();
         // 64 MiB / 737,280 B = 91 blocks; 2,048 tokens need 128 blocks = 94,371,840 B.

@@ -5,9 +5,11 @@
 mod allocator;
 mod block_table;
 mod budget;
+mod dtype;
 mod prefix_index;
 
 pub use allocator::BlockAllocator;
 pub use block_table::BlockTable;
 pub use budget::{parse_bytes, KvBudget};
+pub use dtype::{KvDtype, Q8_0_BLOCK};
 pub use prefix_index::BlockLink;

@@ -9,7 +9,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use state::{Ingest, IngestConfig, IngestStats, WorkerEntry, MAX_SPEC_TOKENS};
+pub use state::{Ingest, IngestConfig, IngestStats, WorkerEntry, WorkerView, MAX_SPEC_TOKENS};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use bytes::Bytes;
 use link::auth::{Gate, Verdict};
 use link::service::Watchdog;
 use link::{Liveness, Sweep, Sweeper};
-use proto::worker_tp::{TpToWorker, WorkerHello, WorkerToTp};
+use proto::worker_tp::{TpToWorker, WorkerToTp};
 use tokio::sync::{mpsc, watch};
 use zeromq::{RouterSendHalf, RouterSocket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -38,10 +38,11 @@ pub struct IngestHealth {
     /// Monotonic ns (since `origin`) of the loop's last turn.
     last_turn_ns: AtomicU64,
     live_workers: AtomicUsize,
-    /// The live workers' latest hellos (what `/health` shows of each), copied only when
-    /// [`Ingest::roster_version`] moved past `roster_version` (only the ingest loop writes).
+    /// The live workers' latest hellos and KV-block use (what `/health` shows of each),
+    /// copied only when [`Ingest::roster_version`] moved past `roster_version` (only the ingest
+    /// loop writes).
     roster_version: AtomicU64,
-    hellos: Mutex<Vec<WorkerHello>>,
+    views: Mutex<Vec<WorkerView>>,
 }
 
 impl IngestHealth {
@@ -51,7 +52,7 @@ impl IngestHealth {
             last_turn_ns: AtomicU64::new(0),
             live_workers: AtomicUsize::new(0),
             roster_version: AtomicU64::new(0),
-            hellos: Mutex::new(Vec::new()),
+            views: Mutex::new(Vec::new()),
         }
     }
 
@@ -62,17 +63,14 @@ impl IngestHealth {
             .store(ingest.live_workers(), Ordering::Relaxed);
         let version = ingest.roster_version();
         if self.roster_version.load(Ordering::Relaxed) != version {
-            *self.hellos.lock().unwrap_or_else(|e| e.into_inner()) = ingest.live_worker_hellos();
+            *self.views.lock().unwrap_or_else(|e| e.into_inner()) = ingest.live_worker_views();
             self.roster_version.store(version, Ordering::Relaxed);
         }
     }
 
-    /// The live workers' latest hellos, by id.
-    pub fn workers(&self) -> Vec<WorkerHello> {
-        self.hellos
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// The live workers' latest hellos and KV-block use, by id.
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.views.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Ok(live workers) while the loop turned recently and some worker is alive; else why not.

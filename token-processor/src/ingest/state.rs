@@ -32,7 +32,7 @@ use link::Liveness;
 use bytes::Bytes;
 use proto::tp_api::OutputErrorKind;
 use proto::worker_tp::{
-    check_hello, Heartbeat, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp,
+    check_hello, Heartbeat, KvBlocks, Resync, StepBatch, TpToWorker, WorkerHello, WorkerToTp,
 };
 use proto::{RequestId, SpeculateMetrics};
 
@@ -69,8 +69,17 @@ pub struct WorkerEntry {
     pub next_seq: Option<u64>,
     pub last_heard_ns: u64,
     pub tracker: Tracker,
+    /// How its KV blocks were used at its latest heartbeat.
+    kv_blocks: KvBlocks,
     obs: Observations,
     metrics: WorkerMetrics,
+}
+
+/// A live worker as `/health` shows it: its latest hello and KV-block use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerView {
+    pub hello: WorkerHello,
+    pub kv_blocks: KvBlocks,
 }
 
 impl WorkerEntry {
@@ -243,11 +252,18 @@ impl Ingest {
         self.roster_version
     }
 
-    /// The live workers' latest hellos, by id.
-    pub fn live_worker_hellos(&self) -> Vec<WorkerHello> {
-        let mut hellos: Vec<WorkerHello> = self.workers.values().map(|w| w.hello.clone()).collect();
-        hellos.sort_unstable_by(|a, b| a.worker_id.cmp(&b.worker_id));
-        hellos
+    /// The live workers' latest hellos and KV-block use, by id.
+    pub fn live_worker_views(&self) -> Vec<WorkerView> {
+        let mut views: Vec<WorkerView> = self
+            .workers
+            .values()
+            .map(|w| WorkerView {
+                hello: w.hello.clone(),
+                kv_blocks: w.kv_blocks,
+            })
+            .collect();
+        views.sort_unstable_by(|a, b| a.hello.worker_id.cmp(&b.hello.worker_id));
+        views
     }
 
     /// Workers alive now, by id (what the api-servers may route to).
@@ -358,6 +374,7 @@ impl Ingest {
         let entry = WorkerEntry {
             metrics,
             tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker),
+            kv_blocks: KvBlocks::default(),
             obs: Observations::new(k),
             next_seq: None,
             last_heard_ns: now.mono_ns,
@@ -464,6 +481,7 @@ impl Ingest {
             workers,
             totals,
             stats,
+            roster_version,
             ..
         } = self;
         if !workers.contains_key(&hb.worker_id) {
@@ -477,6 +495,11 @@ impl Ingest {
         }
         entry.last_heard_ns = now.mono_ns;
         entry.metrics.set_kv_blocks(&hb.kv_blocks);
+        if entry.kv_blocks != hb.kv_blocks {
+            entry.kv_blocks = hb.kv_blocks;
+            // `/health` shows the blocks too.
+            *roster_version += 1;
+        }
         match entry.next_seq {
             Some(next) if hb.next_seq > next => {
                 stats.gaps += 1;

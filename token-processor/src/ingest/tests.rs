@@ -699,10 +699,13 @@ fn a_hello_of_the_same_epoch_takes_draft_kv_bytes_and_a_new_proposer() {
     assert_ne!(admitted, empty);
     feed(&mut ingest, hello_with(1, "draft:tiny", 6_291_456), 2);
     assert_ne!(ingest.roster_version(), admitted, "/health must see it");
-    let hellos = ingest.live_worker_hellos();
-    assert_eq!(hellos.len(), 1);
+    let views = ingest.live_worker_views();
+    assert_eq!(views.len(), 1);
     assert_eq!(
-        (hellos[0].proposer.as_str(), hellos[0].draft_kv_bytes),
+        (
+            views[0].hello.proposer.as_str(),
+            views[0].hello.draft_kv_bytes
+        ),
         ("draft:tiny", 6_291_456)
     );
     // Another proposer in the same epoch: the worker keeps its requests, under the new label.
@@ -716,7 +719,7 @@ fn a_hello_of_the_same_epoch_takes_draft_kv_bytes_and_a_new_proposer() {
     // A lost worker leaves /health too.
     let before_loss = ingest.roster_version();
     ingest.tick(at(1_000), &mut Outbox::default());
-    assert!(ingest.live_worker_hellos().is_empty());
+    assert!(ingest.live_worker_views().is_empty());
     assert_ne!(ingest.roster_version(), before_loss);
 }
 

@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use super::kernels::{dot, Isa};
 use super::kv_cache::KvCache;
+use super::kv_rows::{with_kv_row, KvRow};
 use crate::model::ModelConfig;
 
 /// Multiply-adds below which attention stays on one thread.
@@ -65,8 +66,20 @@ impl Shared<'_> {
 }
 
 /// `out[t, h] = softmax(q[t, h] · K[0..=pos]ᵀ / √d) · V[0..=pos]`; `q` and `out` are
-/// `[tokens, heads * head_dim]`.
+/// `[tokens, heads * head_dim]`. Keys and values are read in the cache's stored precision.
 pub(crate) fn attention(
+    cache: &KvCache,
+    layer: usize,
+    slots: &[TokenSlot<'_>],
+    q: &[f32],
+    out: &mut [f32],
+    config: &ModelConfig,
+    isa: Isa,
+) {
+    with_kv_row!(cache.dtype, R => attention_as::<R>(cache, layer, slots, q, out, config, isa))
+}
+
+fn attention_as<R: KvRow>(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot<'_>],
@@ -96,47 +109,61 @@ pub(crate) fn attention(
         // `out` has `q`'s shape.
         unsafe {
             match head_dim {
-                64 => return avx512::attention::<64>(&shared, out, parallel),
-                128 => return avx512::attention::<128>(&shared, out, parallel),
+                64 => return avx512::attention::<64, R>(&shared, out, parallel),
+                128 => return avx512::attention::<128, R>(&shared, out, parallel),
                 _ => {}
             }
         }
     }
-    let one = |scores: &mut Vec<f32>, (item, o): (usize, &mut [f32])| {
-        attend_dispatch(&shared, item, o, scores, isa);
+    let one = |scratch: &mut Scratch, (item, o): (usize, &mut [f32])| {
+        attend_dispatch::<R>(&shared, item, o, scratch, isa);
     };
     if !parallel {
-        let mut scores = Vec::new();
+        let mut scratch = Scratch::default();
         for item in out.chunks_mut(head_dim).enumerate() {
-            one(&mut scores, item);
+            one(&mut scratch, item);
         }
     } else {
         out.par_chunks_mut(head_dim)
             .enumerate()
             .with_min_len(4)
-            .for_each_init(Vec::new, one);
+            .for_each_init(Scratch::default, one);
     }
 }
 
-fn attend_dispatch(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>, isa: Isa) {
+/// A thread's reusable buffers: one item's scores, and one key row read back as f32 (the
+/// portable path only).
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    row: Vec<f32>,
+}
+
+fn attend_dispatch<R: KvRow>(
+    s: &Shared<'_>,
+    item: usize,
+    o: &mut [f32],
+    scratch: &mut Scratch,
+    isa: Isa,
+) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         // SAFETY: a SIMD ISA is only selected when the CPU has AVX2 and FMA.
         unsafe {
             match s.head_dim {
-                64 => return avx2::attend::<64>(s, item, o, scores),
-                128 => return avx2::attend::<128>(s, item, o, scores),
+                64 => return avx2::attend::<64, R>(s, item, o, &mut scratch.scores),
+                128 => return avx2::attend::<128, R>(s, item, o, &mut scratch.scores),
                 _ => {}
             }
         }
     }
     let _ = isa;
-    attend(s, item, o, scores);
+    attend::<R>(s, item, o, scratch);
 }
 
 /// One (token, head) item: scores over the token's positions, softmax, weighted sum of values.
 #[inline(always)]
-fn attend(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>) {
+fn attend<R: KvRow>(s: &Shared<'_>, item: usize, o: &mut [f32], scratch: &mut Scratch) {
     let head_dim = s.head_dim;
     let Item {
         q: q_h,
@@ -144,14 +171,19 @@ fn attend(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>) {
         len,
         blocks,
     } = s.item(item);
-    let bs = s.cache.block_size;
+    let (bs, row_bytes) = (s.cache.block_size, s.cache.row_bytes());
+    let Scratch { scores, row } = scratch;
+    row.resize(head_dim, 0.0);
 
     scores.clear();
     for (bi, &block) in blocks.iter().enumerate() {
         let (keys, _) = s.cache.tile(s.layer, block as usize, kv_head);
         let in_block = (len - bi * bs).min(bs);
-        for k in keys.chunks_exact(head_dim).take(in_block) {
-            scores.push(dot(q_h, k) * s.scale);
+        for k in keys.chunks_exact(row_bytes).take(in_block) {
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = R::get(k, i);
+            }
+            scores.push(dot(q_h, row) * s.scale);
         }
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -165,9 +197,9 @@ fn attend(s: &Shared<'_>, item: usize, o: &mut [f32], scores: &mut Vec<f32>) {
     for (bi, &block) in blocks.iter().enumerate() {
         let (_, values) = s.cache.tile(s.layer, block as usize, kv_head);
         let weights = &scores[bi * bs..(bi * bs + bs).min(len)];
-        for (w, v) in weights.iter().zip(values.chunks_exact(head_dim)) {
-            for (o, v) in o.iter_mut().zip(v) {
-                *o += w * v;
+        for (w, v) in weights.iter().zip(values.chunks_exact(row_bytes)) {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o += w * R::get(v, i);
             }
         }
     }

@@ -1,44 +1,66 @@
-//! Paged KV cache memory: per layer, keys and values as `[block, kv_head, slot, head_dim]` f32,
-//! so one block of one KV head is a contiguous `[block_size, head_dim]` tile for attention.
+//! Paged KV cache memory: per layer, keys and values as `[block, kv_head, slot, row]`, a row
+//! being `head_dim` elements in the cache's [`KvDtype`] (see `kv_rows`), so one block of one KV
+//! head is a contiguous `[block_size, row]` tile for attention.
 
-use crate::huge_pages::HugeF32;
+use super::kv_rows::{with_kv_row, KvRow};
+use crate::huge_pages::HugeBuf;
+use crate::kv::KvDtype;
 use crate::model::ModelConfig;
 use crate::EngineError;
+
+/// How a [`KvCache`] is laid out and backed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvLayout {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub dtype: KvDtype,
+    /// Back every page now (else pages are backed as blocks are first written).
+    pub prefault: bool,
+    /// Ask for transparent huge pages.
+    pub huge_pages: bool,
+}
 
 pub(crate) struct KvCache {
     pub block_size: usize,
     pub num_blocks: usize,
+    pub dtype: KvDtype,
     kv_heads: usize,
     head_dim: usize,
-    /// Per layer: `[num_blocks, kv_heads, block_size, head_dim]`, page-aligned (with
-    /// `head_dim` a multiple of 16, every key and value row attention loads is on a cache line)
-    /// and on huge pages where the kernel gives them: a block's tile is one 4 KiB page.
-    keys: Vec<HugeF32>,
-    values: Vec<HugeF32>,
+    /// Bytes of one stored row (`head_dim` elements).
+    row_bytes: usize,
+    /// Per layer: `[num_blocks, kv_heads, block_size, row_bytes]`, page-aligned and on huge
+    /// pages where asked and the kernel gives them.
+    keys: Vec<HugeBuf>,
+    values: Vec<HugeBuf>,
 }
 
 impl KvCache {
     /// Bytes one block takes over all layers (keys and values).
-    pub(crate) fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
-        2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * 4
-    }
-
-    /// A cache of `num_blocks` blocks; `prefault` backs every page now (else pages are backed
-    /// as blocks are first written).
-    pub(crate) fn new(
+    pub(crate) fn bytes_per_block(
         config: &ModelConfig,
         block_size: usize,
-        num_blocks: usize,
-        prefault: bool,
-    ) -> Result<Self, EngineError> {
+        dtype: KvDtype,
+    ) -> usize {
+        2 * config.num_layers * config.num_kv_heads * block_size * dtype.row_bytes(config.head_dim)
+    }
+
+    pub(crate) fn new(config: &ModelConfig, layout: KvLayout) -> Result<Self, EngineError> {
+        let KvLayout {
+            block_size,
+            num_blocks,
+            dtype,
+            ..
+        } = layout;
         if block_size == 0 || num_blocks == 0 {
             return Err(EngineError::InvalidConfig(format!(
                 "KV cache needs a non-zero block size and block count (got {block_size}, {num_blocks})"
             )));
         }
+        dtype.check_head_dim(config.head_dim)?;
+        let row_bytes = dtype.row_bytes(config.head_dim);
         let per_layer = num_blocks
-            .checked_mul(config.num_kv_heads * block_size * config.head_dim)
-            .filter(|n| n.checked_mul(8 * config.num_layers).is_some())
+            .checked_mul(config.num_kv_heads * block_size * row_bytes)
+            .filter(|n| n.checked_mul(2 * config.num_layers).is_some())
             .ok_or_else(|| {
                 EngineError::InvalidConfig(format!("KV cache of {num_blocks} blocks is too large"))
             })?;
@@ -46,24 +68,26 @@ impl KvCache {
         // the work (llama-server touches its whole cache at start). That the machine can hold
         // all of it is checked now instead, so an oversized cache fails at start, not mid-run
         // (unless memory is taken by others meanwhile: `prefault` reserves it for certain).
-        let total = per_layer * 8 * config.num_layers;
+        let total = per_layer * 2 * config.num_layers;
         check_memory_available(total, num_blocks)?;
-        let layer = || -> Result<HugeF32, EngineError> {
-            let mut cache = HugeF32::zeroed(per_layer).map_err(|e| {
+        let layer = || -> Result<HugeBuf, EngineError> {
+            let mut cache = HugeBuf::zeroed_with(per_layer, layout.huge_pages).map_err(|e| {
                 EngineError::InvalidConfig(format!(
                     "cannot allocate a KV cache of {num_blocks} blocks: {e}"
                 ))
             })?;
-            if prefault {
-                back_every_page(cache.as_mut_slice());
+            if layout.prefault {
+                back_every_page(cache.as_mut_bytes());
             }
             Ok(cache)
         };
         Ok(Self {
             block_size,
             num_blocks,
+            dtype,
             kv_heads: config.num_kv_heads,
             head_dim: config.head_dim,
+            row_bytes,
             keys: (0..config.num_layers)
                 .map(|_| layer())
                 .collect::<Result<_, _>>()?,
@@ -73,39 +97,61 @@ impl KvCache {
         })
     }
 
-    fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
-        ((block * self.kv_heads + kv_head) * self.block_size + slot) * self.head_dim
+    /// Bytes of one stored row.
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.row_bytes
     }
 
-    /// Stores one token's keys and values (`[kv_heads * head_dim]` each) at `(block, slot)`.
+    fn offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
+        ((block * self.kv_heads + kv_head) * self.block_size + slot) * self.row_bytes
+    }
+
+    /// Stores one token's keys and values (`[kv_heads * head_dim]` f32 each) at `(block, slot)`
+    /// in the cache's precision.
     pub(crate) fn write(&mut self, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let hd = self.head_dim;
+        with_kv_row!(self.dtype, R => self.write_as::<R>(layer, block, slot, k, v))
+    }
+
+    fn write_as<R: KvRow>(
+        &mut self,
+        layer: usize,
+        block: usize,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
+        debug_assert_eq!(R::DTYPE, self.dtype);
+        let (hd, rb) = (self.head_dim, self.row_bytes);
         for h in 0..self.kv_heads {
             let at = self.offset(block, h, slot);
-            self.keys[layer].as_mut_slice()[at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
-            self.values[layer].as_mut_slice()[at..at + hd]
-                .copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            R::encode(
+                &k[h * hd..(h + 1) * hd],
+                &mut self.keys[layer].as_mut_bytes()[at..at + rb],
+            );
+            R::encode(
+                &v[h * hd..(h + 1) * hd],
+                &mut self.values[layer].as_mut_bytes()[at..at + rb],
+            );
         }
     }
 
-    /// Keys and values of one block and KV head: `[block_size, head_dim]` each.
-    pub(crate) fn tile(&self, layer: usize, block: usize, kv_head: usize) -> (&[f32], &[f32]) {
+    /// Stored keys and values of one block and KV head: `[block_size, row_bytes]` each.
+    pub(crate) fn tile(&self, layer: usize, block: usize, kv_head: usize) -> (&[u8], &[u8]) {
         let at = self.offset(block, kv_head, 0);
-        let len = self.block_size * self.head_dim;
+        let len = self.block_size * self.row_bytes;
         (
-            &self.keys[layer].as_slice()[at..at + len],
-            &self.values[layer].as_slice()[at..at + len],
+            &self.keys[layer].as_bytes()[at..at + len],
+            &self.values[layer].as_bytes()[at..at + len],
         )
     }
 }
 
 /// Writes one element per page so the OS backs the whole allocation now. Volatile, because a
 /// plain write of the zero already there may be optimised away.
-fn back_every_page(cache: &mut [f32]) {
-    const FLOATS_PER_PAGE: usize = 4096 / std::mem::size_of::<f32>();
-    for i in (0..cache.len()).step_by(FLOATS_PER_PAGE) {
-        // SAFETY: `i < cache.len()`, so the pointer is valid, aligned and exclusively borrowed.
-        unsafe { std::ptr::write_volatile(cache.as_mut_ptr().add(i), 0.0) };
+fn back_every_page(cache: &mut [u8]) {
+    for i in (0..cache.len()).step_by(4096) {
+        // SAFETY: `i < cache.len()`, so the pointer is valid and exclusively borrowed.
+        unsafe { std::ptr::write_volatile(cache.as_mut_ptr().add(i), 0) };
     }
 }
 

@@ -1,7 +1,8 @@
 //! CPU backend: f32 activations, quantized or f32 weights, multi-threaded.
 //!
 //! The weights stay in their stored form (mapped from the file); SIMD kernels decode them on
-//! the fly ([`kernels`]). The paged KV cache is f32 ([`kv_cache`]). Every sequence's logits
+//! the fly ([`kernels`]). The paged KV cache holds keys and values in f32, f16, bf16 or Q8_0
+//! ([`kv_cache`], [`kv_rows`]), read in that form by attention. Every sequence's logits
 //! are bit-identical whatever else shares its batch.
 
 mod aligned;
@@ -10,6 +11,7 @@ mod attention;
 mod folds;
 mod kernels;
 mod kv_cache;
+pub(crate) mod kv_rows;
 mod llama;
 mod matmul;
 mod ops;
@@ -17,6 +19,7 @@ mod ops;
 pub use kernels::Isa;
 
 use super::{Backend, SeqForward};
+use crate::kv::KvDtype;
 use crate::model::{Model, ModelConfig};
 use crate::EngineError;
 
@@ -33,6 +36,10 @@ pub struct CpuBackendOptions {
     pub isa: Option<Isa>,
     /// Back every page of the KV cache at start instead of as blocks are first written.
     pub prefault_kv: bool,
+    /// Precision of the KV cache.
+    pub kv_dtype: KvDtype,
+    /// Ask for transparent huge pages for the KV cache.
+    pub kv_huge_pages: bool,
 }
 
 impl CpuBackendOptions {
@@ -43,6 +50,8 @@ impl CpuBackendOptions {
             threads: None,
             isa: None,
             prefault_kv: false,
+            kv_dtype: KvDtype::default(),
+            kv_huge_pages: false,
         }
     }
 }
@@ -91,9 +100,13 @@ impl CpuBackend {
         model.config.validate()?;
         let cache = kv_cache::KvCache::new(
             &model.config,
-            options.block_size,
-            options.num_blocks,
-            options.prefault_kv,
+            kv_cache::KvLayout {
+                block_size: options.block_size,
+                num_blocks: options.num_blocks,
+                dtype: options.kv_dtype,
+                prefault: options.prefault_kv,
+                huge_pages: options.kv_huge_pages,
+            },
         )?;
         let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("cpu-forward-{i}"));
         if let Some(threads) = options.threads {
@@ -112,8 +125,13 @@ impl CpuBackend {
     }
 
     /// Bytes of KV cache one block takes, to size `num_blocks` from a memory budget.
-    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
-        kv_cache::KvCache::bytes_per_block(config, block_size)
+    pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize, dtype: KvDtype) -> usize {
+        kv_cache::KvCache::bytes_per_block(config, block_size, dtype)
+    }
+
+    /// The precision of the KV cache.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.cache.dtype
     }
 
     pub fn model(&self) -> &Model {
@@ -209,8 +227,11 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache_bytes(&self) -> u64 {
-        (kv_cache::KvCache::bytes_per_block(&self.model.config, self.cache.block_size)
-            * self.cache.num_blocks) as u64
+        (kv_cache::KvCache::bytes_per_block(
+            &self.model.config,
+            self.cache.block_size,
+            self.cache.dtype,
+        ) * self.cache.num_blocks) as u64
     }
 }
 

@@ -4,13 +4,14 @@
 use std::arch::x86_64::*;
 
 use super::super::folds::hsum8;
+use super::super::kv_rows::KvRow;
 use super::{Item, Shared};
 
 /// # Safety
-/// AVX2 and FMA must be available; `HD == s.head_dim`, `o.len() == HD`.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C must be available; `HD == s.head_dim`, `o.len() == HD`.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
-pub(super) unsafe fn attend<const HD: usize>(
+pub(super) unsafe fn attend<const HD: usize, R: KvRow>(
     s: &Shared<'_>,
     item: usize,
     o: &mut [f32],
@@ -24,7 +25,7 @@ pub(super) unsafe fn attend<const HD: usize>(
         len,
         blocks,
     } = s.item(item);
-    let bs = s.cache.block_size;
+    let (bs, row_bytes) = (s.cache.block_size, s.cache.row_bytes());
     let q = q.as_ptr();
     // Index loops over a constant bound: they unroll fully (iterator adapters would not be
     // inlined into this target-feature function).
@@ -37,11 +38,11 @@ pub(super) unsafe fn attend<const HD: usize>(
     for (bi, &block) in blocks.iter().enumerate() {
         let (keys, _) = s.cache.tile(s.layer, block as usize, kv_head);
         let in_block = (len - bi * bs).min(bs);
-        for k in keys.chunks_exact(HD).take(in_block) {
+        for k in keys.chunks_exact(row_bytes).take(in_block) {
             let k = k.as_ptr();
-            let mut acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+            let mut acc = _mm256_mul_ps(qv[0], R::load8(k, 0));
             for c in 1..chunks {
-                acc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k.add(8 * c)), acc);
+                acc = _mm256_fmadd_ps(qv[c], R::load8(k, 8 * c), acc);
             }
             scores.push(hsum8(acc) * s.scale);
         }
@@ -57,11 +58,11 @@ pub(super) unsafe fn attend<const HD: usize>(
     for (bi, &block) in blocks.iter().enumerate() {
         let (_, values) = s.cache.tile(s.layer, block as usize, kv_head);
         let weights = &scores[bi * bs..(bi * bs + bs).min(len)];
-        for (&w, v) in weights.iter().zip(values.chunks_exact(HD)) {
+        for (&w, v) in weights.iter().zip(values.chunks_exact(row_bytes)) {
             let w = _mm256_set1_ps(w);
             let v = v.as_ptr();
             for c in 0..chunks {
-                acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * c)), acc[c]);
+                acc[c] = _mm256_fmadd_ps(w, R::load8(v, 8 * c), acc[c]);
             }
         }
     }

@@ -21,6 +21,7 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use super::super::folds::{halves, pairs, quads};
+use super::super::kv_rows::KvRow;
 use super::Shared;
 
 /// Most tokens of one sequence in a [`Run`]: enough rows to share each key and value fetch,
@@ -88,10 +89,10 @@ unsafe fn exp16(x: __m512) -> __m512 {
 // Index loops over constant bounds unroll fully; iterator adapters are not inlined into a
 // target-feature function (they were called, per row).
 #[allow(clippy::needless_range_loop)]
-unsafe fn dot<const HD: usize>(q: &[__m512; 8], k: *const f32) -> __m512 {
-    let mut acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+unsafe fn dot<const HD: usize, R: KvRow>(q: &[__m512; 8], k: *const u8) -> __m512 {
+    let mut acc = _mm512_mul_ps(q[0], R::load16(k, 0));
     for c in 1..HD / 16 {
-        acc = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k.add(16 * c)), acc);
+        acc = _mm512_fmadd_ps(q[c], R::load16(k, 16 * c), acc);
     }
     acc
 }
@@ -202,7 +203,11 @@ struct Scratch {
 /// AVX-512F/VL, AVX2 and FMA must be available; `HD == s.head_dim` (at most 128, a multiple
 /// of 16), `out.len() == s.q.len()`.
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32], parallel: bool) {
+pub(super) unsafe fn attention<const HD: usize, R: KvRow>(
+    s: &Shared<'_>,
+    out: &mut [f32],
+    parallel: bool,
+) {
     debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD);
     assert_eq!(out.len(), s.q.len(), "attention output");
     let threads = if parallel {
@@ -217,12 +222,12 @@ pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32],
     if threads == 1 {
         let mut scratch = Scratch::default();
         for run in &runs {
-            attend_run::<HD>(s, run, out, &mut scratch);
+            attend_run::<HD, R>(s, run, out, &mut scratch);
         }
     } else {
         runs.par_iter()
             .for_each_init(Scratch::default, |scratch, run| unsafe {
-                attend_run::<HD>(s, run, out, scratch)
+                attend_run::<HD, R>(s, run, out, scratch)
             });
     }
 }
@@ -232,13 +237,13 @@ pub(super) unsafe fn attention<const HD: usize>(s: &Shared<'_>, out: &mut [f32],
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 // Index loops over constant bounds unroll fully (as in `dot`).
 #[allow(clippy::needless_range_loop)]
-unsafe fn attend_run<const HD: usize>(
+unsafe fn attend_run<const HD: usize, R: KvRow>(
     s: &Shared<'_>,
     run: &Run,
     out: OutRows,
     scratch: &mut Scratch,
 ) {
-    let (heads, bs) = (run.heads.len(), s.cache.block_size);
+    let (heads, bs, row_bytes) = (run.heads.len(), s.cache.block_size, s.cache.row_bytes());
     let rows = run.tokens * heads;
     // Row `r` = (token `first + r / heads`, query head `heads.start + r % heads` of the group).
     let slot = |r: usize| &s.slots[run.first + r / heads];
@@ -260,10 +265,10 @@ unsafe fn attend_run<const HD: usize>(
     for start in (0..max_len).step_by(16) {
         let (mut block, mut slot_in) = (start / bs, start % bs);
         let mut keys = keys_of(block);
-        let first = keys[slot_in * HD..].as_ptr();
+        let first = keys[slot_in * row_bytes..].as_ptr();
         // Past the run's longest row, lanes repeat the chunk's first key; a row's lanes past its
         // own length are dropped with its scores (each lane is its own).
-        let key_rows: [*const f32; 16] = std::array::from_fn(|j| {
+        let key_rows: [*const u8; 16] = std::array::from_fn(|j| {
             if start + j >= max_len {
                 return first;
             }
@@ -272,14 +277,14 @@ unsafe fn attend_run<const HD: usize>(
                 keys = keys_of(block);
             }
             slot_in += 1;
-            keys[(slot_in - 1) * HD..].as_ptr()
+            keys[(slot_in - 1) * row_bytes..].as_ptr()
         });
         for r in 0..rows {
             if len(r) <= start {
                 continue;
             }
             let q = query::<HD>(s, item(r));
-            let dots: [__m512; 16] = std::array::from_fn(|j| dot::<HD>(&q, key_rows[j]));
+            let dots: [__m512; 16] = std::array::from_fn(|j| dot::<HD, R>(&q, key_rows[j]));
             let chunk = _mm512_mul_ps(hsum16(&dots), scale);
             _mm512_storeu_ps(scratch.scores.as_mut_ptr().add(r * stride + start), chunk);
         }
@@ -300,7 +305,7 @@ unsafe fn attend_run<const HD: usize>(
                 continue;
             }
             let weights = &scratch.scores[r * stride + bi * bs..r * stride + end];
-            add_weighted_values::<HD>(&mut scratch.acc[r], weights, values);
+            add_weighted_values::<HD, R>(&mut scratch.acc[r], weights, values, row_bytes);
         }
     }
     for r in 0..rows {
@@ -319,25 +324,26 @@ unsafe fn attend_run<const HD: usize>(
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // as in `dot`
-unsafe fn add_weighted_values<const HD: usize>(
+unsafe fn add_weighted_values<const HD: usize, R: KvRow>(
     acc: &mut [__m512; 16],
     weights: &[f32],
-    values: &[f32],
+    values: &[u8],
+    row_bytes: usize,
 ) {
     let (mut even, mut odd) = ([_mm512_setzero_ps(); 8], [_mm512_setzero_ps(); 8]);
     for c in 0..HD / 16 {
         (even[c], odd[c]) = (acc[c], acc[8 + c]);
     }
-    let mut pairs = weights.iter().zip(values.chunks_exact(HD));
+    let mut pairs = weights.iter().zip(values.chunks_exact(row_bytes));
     while let Some((&w0, v0)) = pairs.next() {
         let (w0, v0) = (_mm512_set1_ps(w0), v0.as_ptr());
         for c in 0..HD / 16 {
-            even[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0.add(16 * c)), even[c]);
+            even[c] = _mm512_fmadd_ps(w0, R::load16(v0, 16 * c), even[c]);
         }
         if let Some((&w1, v1)) = pairs.next() {
             let (w1, v1) = (_mm512_set1_ps(w1), v1.as_ptr());
             for c in 0..HD / 16 {
-                odd[c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1.add(16 * c)), odd[c]);
+                odd[c] = _mm512_fmadd_ps(w1, R::load16(v1, 16 * c), odd[c]);
             }
         }
     }

@@ -1,12 +1,31 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::super::kv_cache::KvLayout;
 use super::*;
+use crate::kv::KvDtype;
 
 /// A cache of `blocks` blocks filled with random keys and values, one layer.
 fn random_cache(config: &ModelConfig, block_size: usize, blocks: usize) -> KvCache {
+    random_cache_of(config, block_size, blocks, KvDtype::F32)
+}
+
+/// As [`random_cache`], stored in `dtype`.
+fn random_cache_of(
+    config: &ModelConfig,
+    block_size: usize,
+    blocks: usize,
+    dtype: KvDtype,
+) -> KvCache {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut cache = KvCache::new(config, block_size, blocks, false).unwrap();
+    let layout = KvLayout {
+        block_size,
+        num_blocks: blocks,
+        dtype,
+        prefault: false,
+        huge_pages: true,
+    };
+    let mut cache = KvCache::new(config, layout).unwrap();
     let width = config.num_kv_heads * config.head_dim;
     for block in 0..blocks {
         for slot in 0..block_size {
@@ -30,17 +49,20 @@ fn run(
     out
 }
 
-/// Every SIMD path against the portable one, over context lengths around the 16-position
-/// chunks of the AVX-512 scores, with even and odd block sizes (the tiles' walk), and each
-/// token's output the same bits alone as beside another token.
+/// Every SIMD path against the portable one, for every stored precision, over context lengths
+/// around the 16-position chunks of the AVX-512 scores, with even and odd block sizes (the
+/// tiles' walk), and each token's output the same bits alone as beside another token.
 #[test]
 fn simd_paths_match_the_portable_one_and_each_token_stands_alone() {
     let mut config = ModelConfig::tiny();
     (config.head_dim, config.num_heads, config.num_kv_heads) = (64, 6, 2);
     let width = config.num_heads * config.head_dim;
     let mut rng = ChaCha8Rng::seed_from_u64(8);
-    for block_size in [16, 5] {
-        let cache = random_cache(&config, block_size, 24);
+    for (block_size, dtype) in [16, 5]
+        .into_iter()
+        .flat_map(|b| KvDtype::ALL.map(|d| (b, d)))
+    {
+        let cache = random_cache_of(&config, block_size, 24, dtype);
         // A scrambled block table, as a paged cache hands out.
         let table: Vec<u32> = (0..24u32).map(|b| (b * 7) % 24).collect();
         for len in [1, 2, 15, 16, 17, 33, 40, 100] {
@@ -64,13 +86,13 @@ fn simd_paths_match_the_portable_one_and_each_token_stands_alone() {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() < 1e-5 * (1.0 + w.abs()),
-                        "{isa:?} block size {block_size} len {len} [{i}]: {g} vs {w}"
+                        "{isa:?} {dtype} block size {block_size} len {len} [{i}]: {g} vs {w}"
                     );
                 }
                 let alone = run(&cache, &config, &slots[1..], &q[width..], isa);
                 assert!(
                     alone.iter().zip(&got[width..]).all(|(a, g)| a.to_bits() == g.to_bits()),
-                    "{isa:?} block size {block_size} len {len}: a token's output depends on its batch"
+                    "{isa:?} {dtype} block size {block_size} len {len}: a token's output depends on its batch"
                 );
             }
         }
@@ -155,13 +177,17 @@ fn attention_throughput() {
     let mut config = ModelConfig::tiny();
     (config.head_dim, config.num_heads, config.num_kv_heads) = (64, 9, 3);
     let width = config.num_heads * config.head_dim;
-    let cache = random_cache(&config, 16, 64);
+    let caches = KvDtype::ALL.map(|d| random_cache_of(&config, 16, 64, d));
     let table: Vec<u32> = (0..64).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let q: Vec<f32> = (0..8 * width).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
         .into_iter()
         .filter(|i| i.is_supported())
+        .collect();
+    let cases: Vec<(Isa, &KvCache)> = isas
+        .iter()
+        .flat_map(|&isa| caches.iter().map(move |c| (isa, c)))
         .collect();
     for len in [64, 256, 1024] {
         let slots: Vec<TokenSlot<'_>> = (0..8)
@@ -170,21 +196,21 @@ fn attention_throughput() {
                 pos: len - 8 + t,
             })
             .collect();
-        let mut fastest = vec![f64::INFINITY; isas.len()];
+        let mut fastest = vec![f64::INFINITY; cases.len()];
         for _ in 0..15 {
-            for (i, &isa) in isas.iter().enumerate() {
+            for (i, &(isa, cache)) in cases.iter().enumerate() {
                 let start = std::time::Instant::now();
                 for _ in 0..10 {
-                    run(&cache, &config, &slots, &q, isa);
+                    run(cache, &config, &slots, &q, isa);
                 }
                 fastest[i] = fastest[i].min(start.elapsed().as_secs_f64() / 10.0);
             }
         }
-        for (isa, seconds) in isas.iter().zip(&fastest) {
+        for ((isa, cache), seconds) in cases.iter().zip(&fastest) {
             let per_position = seconds * 1e9 / (8.0 * 9.0 * len as f64);
             println!(
-                "context {len:4} {isa:?}: {:.2} ns per position and head",
-                per_position
+                "context {len:4} {isa:?} {}: {:.2} ns per position and head",
+                cache.dtype, per_position
             );
         }
     }
