@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::engine::admission::{Admitted, ClientKey};
 use crate::engine::{Engine, EngineEvent, EngineFailure, EngineRequest, SubmitRequest};
 use crate::error::ApiError;
+use crate::openai::logprobs::{self, LogprobEntry, TokenNames};
 use crate::openai::responses::Usage;
 use crate::openai::validate::GenerateSpec;
 use crate::tokenizer::detok::IncrementalDecoder;
@@ -29,6 +30,8 @@ pub enum ChoiceUpdate {
     Text {
         index: u32,
         text: String,
+        /// The logprobs of the tokens behind `text` (None when the request did not ask).
+        logprobs: Option<Vec<LogprobEntry>>,
     },
     /// Boxed: an end is rare next to text updates and carries the figures.
     End(Box<ChoiceEnd>),
@@ -43,6 +46,9 @@ pub struct ChoiceEnd {
     pub stop_reason: Option<String>,
     pub usage: Usage,
     pub speculate_metrics: Option<SpeculateMetrics>,
+    /// The logprobs not yet handed out (the whole choice's in a response answered whole);
+    /// None when the request did not ask for them.
+    pub logprobs: Option<Vec<LogprobEntry>>,
 }
 
 /// One choice in flight, over its engine request `R`.
@@ -50,6 +56,8 @@ pub struct ChoiceRun<R> {
     pub index: u32,
     request: R,
     decoder: IncrementalDecoder,
+    /// Present when the request asked for logprobs.
+    logprobs: Option<LogprobsState>,
     prompt_tokens: u32,
     deadline: Instant,
     timeout_secs: u64,
@@ -69,6 +77,16 @@ fn failure_error(failure: EngineFailure) -> ApiError {
     }
 }
 
+/// A choice's logprobs between the engine and its updates.
+struct LogprobsState {
+    names: TokenNames,
+    /// Of the next tokens, from [`EngineEvent::Logprobs`].
+    incoming: Vec<proto::TokenLogprob>,
+    /// Rendered, for tokens whose text has not been handed out yet.
+    ready: Vec<LogprobEntry>,
+    text_offset: usize,
+}
+
 /// A choice not yet started: its lane submits it when the lane's previous choice ends.
 struct PendingChoice {
     index: u32,
@@ -80,6 +98,7 @@ struct RequestCommon<E> {
     engine: E,
     tokenizer: Arc<Tokenizer>,
     stop_strings: Vec<String>,
+    token_names: TokenNames,
     deadline: Instant,
     timeout: Duration,
     /// Choices no lane has started yet, in index order.
@@ -96,6 +115,12 @@ impl<E: Engine> RequestCommon<E> {
 
     fn start(&self, choice: PendingChoice) -> Result<ChoiceRun<E::Request>, ApiError> {
         let prompt_tokens = choice.request.prompt_token_ids.len() as u32;
+        let logprobs = choice.request.sampling.logprobs.map(|_| LogprobsState {
+            names: self.token_names,
+            incoming: Vec::new(),
+            ready: Vec::new(),
+            text_offset: 0,
+        });
         let request = self.engine.submit(choice.request)?;
         Ok(ChoiceRun {
             index: choice.index,
@@ -104,6 +129,7 @@ impl<E: Engine> RequestCommon<E> {
                 Arc::clone(&self.tokenizer),
                 self.stop_strings.clone(),
             ),
+            logprobs,
             prompt_tokens,
             deadline: self.deadline,
             timeout_secs: self.timeout.as_secs(),
@@ -154,6 +180,10 @@ pub async fn start_choices<E: Engine>(
         engine: engine.clone(),
         tokenizer: Arc::clone(tokenizer),
         stop_strings: spec.stop.stop_strings.clone(),
+        token_names: match spec.tokens_as_ids {
+            true => TokenNames::Ids,
+            false => TokenNames::Text,
+        },
         deadline,
         timeout,
         pending: Mutex::new(pending),
@@ -207,12 +237,25 @@ impl<E: Engine> Lane<E> {
     pub async fn run_to_end(mut self) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
         let mut done = Vec::new();
         let mut text = String::new();
+        let mut logprobs = Vec::new();
         while let Some(update) = self.step().await {
             match update? {
-                ChoiceUpdate::Text { text: piece, .. } => text.push_str(&piece),
+                ChoiceUpdate::Text {
+                    text: piece,
+                    logprobs: entries,
+                    ..
+                } => {
+                    text.push_str(&piece);
+                    logprobs.extend(entries.into_iter().flatten());
+                }
                 ChoiceUpdate::End(mut end) => {
                     text.push_str(&end.text);
                     end.text = String::new();
+                    if let Some(rest) = end.logprobs.as_mut() {
+                        logprobs.append(rest);
+                        std::mem::swap(rest, &mut logprobs);
+                    }
+                    logprobs.clear();
                     done.push((std::mem::take(&mut text), *end));
                 }
             }
@@ -245,14 +288,23 @@ impl<R: EngineRequest> ChoiceRun<R> {
                 }
             };
             match event {
+                EngineEvent::Logprobs(logprobs) => {
+                    if let Some(state) = &mut self.logprobs {
+                        state.incoming = logprobs;
+                    }
+                }
                 EngineEvent::Tokens(tokens) => {
                     // Stop strings are the worker's decision (it ends the request on the same
                     // token); here they only trim the text.
+                    let seen_before = self.decoder.tokens_seen();
                     let text = self.decoder.push(&tokens);
+                    let used = self.decoder.tokens_seen() - seen_before;
+                    self.render_logprobs(&tokens[..used]);
                     if !text.is_empty() {
                         return Ok(ChoiceUpdate::Text {
                             index: self.index,
                             text,
+                            logprobs: self.take_logprobs(),
                         });
                     }
                 }
@@ -277,6 +329,29 @@ impl<R: EngineRequest> ChoiceRun<R> {
         }
     }
 
+    /// Renders the logprobs of `tokens` (those the text used) from the latest
+    /// [`EngineEvent::Logprobs`]; tokens past a stop string get none.
+    fn render_logprobs(&mut self, tokens: &[u32]) {
+        let Some(state) = &mut self.logprobs else {
+            return;
+        };
+        let incoming = std::mem::take(&mut state.incoming);
+        let entries = logprobs::render(
+            self.decoder.tokenizer(),
+            state.names,
+            tokens,
+            &incoming,
+            &mut state.text_offset,
+        );
+        state.ready.extend(entries);
+    }
+
+    fn take_logprobs(&mut self) -> Option<Vec<LogprobEntry>> {
+        self.logprobs
+            .as_mut()
+            .map(|state| std::mem::take(&mut state.ready))
+    }
+
     fn end(
         &mut self,
         engine_usage: Option<EngineUsage>,
@@ -297,6 +372,7 @@ impl<R: EngineRequest> ChoiceRun<R> {
             stop_reason,
             usage: Usage::new(self.prompt_tokens, completion).with_cached_tokens(cached),
             speculate_metrics: metrics,
+            logprobs: self.take_logprobs(),
         }
     }
 }

@@ -29,6 +29,7 @@ use link::http::ConnectionSocket;
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::generate::{ChoiceEnd, ChoiceUpdate, Lane};
+use crate::openai::logprobs::LogprobEntry;
 use crate::openai::responses::Usage;
 
 /// How a stream writes its chunks; chat's and completions' differ in their choices.
@@ -36,7 +37,7 @@ pub trait StreamChunks: Send + 'static {
     /// What goes before any output (chat opens each choice with the assistant role).
     fn opening(&self) -> Vec<Bytes>;
     /// A choice's new text.
-    fn text(&self, index: u32, text: String) -> Bytes;
+    fn text(&self, index: u32, text: String, logprobs: Option<Vec<LogprobEntry>>) -> Bytes;
     /// A choice's end, with its last text and figures.
     fn end(&self, end: &ChoiceEnd) -> Bytes;
     /// The final usage chunk (only with `include_usage`).
@@ -234,7 +235,11 @@ where
         }
         let updates = st.updates.as_mut()?;
         match updates.next().await {
-            Some(Ok(ChoiceUpdate::Text { index, text })) => Some((st.chunks.text(index, text), st)),
+            Some(Ok(ChoiceUpdate::Text {
+                index,
+                text,
+                logprobs,
+            })) => Some((st.chunks.text(index, text, logprobs), st)),
             Some(Ok(ChoiceUpdate::End(end))) => {
                 let bytes = st.chunks.end(&end);
                 st.ends.push(*end);

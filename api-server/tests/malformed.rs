@@ -209,7 +209,9 @@ fn cases() -> Vec<Case> {
             json!({"stream_options": {"include_usage": true}}),
             bad,
         ),
-        completion("logprobs requested", json!({"logprobs": 3}), bad),
+        completion("logprobs past 20", json!({"logprobs": 21}), bad),
+        completion("logprobs negative", json!({"logprobs": -1}), bad),
+        completion("logprobs as string", json!({"logprobs": "3"}), bad),
         completion("echo requested", json!({"echo": true}), bad),
         completion(
             "presence penalty past 2",
@@ -223,6 +225,16 @@ fn cases() -> Vec<Case> {
             schema,
         ),
         chat("chat with empty messages", json!({"messages": []}), bad),
+        chat(
+            "chat top_logprobs without logprobs",
+            json!({"messages": [user("hi")], "top_logprobs": 2}),
+            bad,
+        ),
+        chat(
+            "chat top_logprobs past 20",
+            json!({"messages": [user("hi")], "logprobs": true, "top_logprobs": 21}),
+            bad,
+        ),
         chat(
             "chat messages not a list",
             json!({"messages": "hi"}),

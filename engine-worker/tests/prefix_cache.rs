@@ -78,6 +78,7 @@ fn requests(n: usize, seed: u64) -> Vec<(Vec<u32>, u32, SamplingParams)> {
         top_k: 20,
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
+        logprobs: None,
     };
     prompts(n, seed)
         .into_iter()

@@ -52,6 +52,7 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize, u64) {
                     top_k: 10,
                     seed: Some(next_id),
                     processors: proto::api_worker::LogitsProcessors::NONE,
+                    logprobs: None,
                 }
             };
             let max_tokens = rng.gen_range(1..60);

@@ -210,6 +210,7 @@ fn seeded_sampling_with_model_drafters_draws_the_tokens_of_plain_sampling() {
                 top_k: 50,
                 seed: Some(i as u64),
                 processors: proto::api_worker::LogitsProcessors::NONE,
+                logprobs: None,
             };
             (p, 20, sampling)
         })

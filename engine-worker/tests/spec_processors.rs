@@ -2,8 +2,8 @@
 //! repetition penalties, logit bias, min_tokens and min-p, greedy and seeded outputs with drafts
 //! (K = 4 from the suffix proposer, every proposed token verified, at batch 1 and 8, and under
 //! preemption) equal those
-//! of K = 0, and each processor changes the output (so the comparison is not of two unprocessed
-//! runs).
+//! of K = 0, with the same logprobs (each token's and its top 3, from the processed row), and
+//! each processor changes the output (so the comparison is not of two unprocessed runs).
 
 mod common;
 
@@ -56,6 +56,7 @@ fn sampling(temperature: f32, seed: u64, processors: &LogitsProcessors) -> Sampl
         top_k: 0,
         seed: Some(seed),
         processors: processors.clone(),
+        logprobs: Some(3),
     }
 }
 
@@ -135,6 +136,13 @@ fn every_processor_keeps_greedy_and_seeded_output_identical_to_k0() {
                     tight[i].tokens, plain[i].tokens,
                     "{what} {name}: request {i} preempted"
                 );
+                assert_eq!(plain[i].logprobs.len(), plain[i].tokens.len());
+                for other in [&spec, &alone, &tight] {
+                    assert_eq!(
+                        other[i].logprobs, plain[i].logprobs,
+                        "{what} {name}: request {i}'s logprobs"
+                    );
+                }
             }
             let drafted: usize = spec
                 .iter()

@@ -22,6 +22,7 @@ fn speculative_sampling_matches_the_target_distribution() {
         top_k: 0,
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
+        logprobs: None,
     };
     // A repetitive prompt so the n-gram proposer drafts on every step.
     let prompt = vec![1, 2, 3, 1, 2, 3, 1, 2];

@@ -280,6 +280,7 @@ fn seeded_sampling_draws_the_tokens_of_plain_sampling_whatever_is_drafted() {
         top_k: 50,
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
+        logprobs: None,
     };
     let reqs: Vec<_> = all[..12]
         .iter()
@@ -323,6 +324,7 @@ fn logits_processors_keep_speculation_lossless() {
             top_k: 0,
             seed: Some(seed),
             processors: processors.clone(),
+            logprobs: None,
         };
         let golden: Vec<_> = prompts().into_iter().take(4).collect();
         let reqs_with = |processors: &proto::api_worker::LogitsProcessors| -> Vec<_> {

@@ -168,6 +168,7 @@ fn preemption_does_not_change_tokens_or_acceptance() {
         top_k: 20,
         seed: Some(5),
         processors: proto::api_worker::LogitsProcessors::NONE,
+        logprobs: None,
     };
     reqs.extend(prompts(4, 3).into_iter().map(|p| (p, 60, seeded.clone())));
     let (roomy, none) = run(4, 16, 4096, &reqs);
@@ -189,6 +190,7 @@ fn seeded_sampling_is_reproducible_and_batch_invariant() {
         top_k: 0,
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
+        logprobs: None,
     };
     let reqs: Vec<_> = prompts(8, 4)
         .into_iter()

@@ -28,6 +28,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Penalties, bias and the like, applied to the logits before the choice.
     pub processors: LogitsProcessors,
+    /// `Some(n)`: every emitted token comes with its logprob and the `n` most likely tokens'
+    /// (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS)); `None`: no logprobs.
+    pub logprobs: Option<u8>,
 }
 
 impl SamplingParams {
@@ -37,6 +40,7 @@ impl SamplingParams {
         top_k: 0,
         seed: None,
         processors: LogitsProcessors::NONE,
+        logprobs: None,
     };
 }
 

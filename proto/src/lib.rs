@@ -27,10 +27,10 @@ pub mod worker_tp;
 pub use codec::{decode, encode, MAX_FRAME_BYTES};
 pub use error::ProtoError;
 pub use metrics::SpeculateMetrics;
-pub use types::{FinishReason, RequestId};
+pub use types::{FinishReason, RequestId, TokenLogprob, MAX_TOP_LOGPROBS};
 
 /// Version of the wire protocol; bump on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Fails with [`ProtoError::VersionMismatch`] unless the peer speaks [`PROTOCOL_VERSION`].
 pub fn check_version(peer: &str, peer_version: u32) -> Result<(), ProtoError> {

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api_worker::ApiHello;
-use crate::{FinishReason, RequestId, SpeculateMetrics};
+use crate::{FinishReason, RequestId, SpeculateMetrics, TokenLogprob};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ApiToTp {
@@ -63,6 +63,8 @@ pub struct RequestOutput {
     /// instead of ~230, which a 512-row batch's outputs feel (same encoding on the wire).
     pub speculate_metrics: Option<Box<SpeculateMetrics>>,
     pub error: Option<OutputError>,
+    /// One per token of `tokens` when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

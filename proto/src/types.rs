@@ -53,3 +53,23 @@ impl FinishReason {
         }
     }
 }
+
+/// Most alternatives a request may ask for beside each emitted token's own logprob (OpenAI's
+/// `top_logprobs` bound).
+pub const MAX_TOP_LOGPROBS: u8 = 20;
+
+/// One emitted token's log-probability under the target model's distribution (after the
+/// request's logits processors, before temperature and truncation), and the `top` most likely
+/// tokens there, most likely first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// Bytes it holds (for the bounds of those who keep it).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.top.len() * std::mem::size_of::<(u32, f32)>()
+    }
+}

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{FinishReason, ProtoError, RequestId};
+use crate::{FinishReason, ProtoError, RequestId, TokenLogprob, MAX_TOP_LOGPROBS};
 
 /// Largest K (`num_spec_tokens`) any process accepts: the token-processor's figures are O(K) per
 /// request and the step batch carries `d` as a byte. A worker with a larger K refuses to start.
@@ -242,6 +242,15 @@ pub struct StepBatch {
     #[serde(with = "serde_bytes")]
     pub finish: Vec<u8>,
     pub starts: Vec<RequestStart>,
+    /// The logprobs of the rows whose requests asked for them, in row order.
+    pub logprobs: Vec<RowLogprobs>,
+}
+
+/// The logprobs of one row's tokens, one per token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RowLogprobs {
+    pub row: u32,
+    pub tokens: Vec<TokenLogprob>,
 }
 
 /// One validated row of a [`StepBatch`].
@@ -254,6 +263,8 @@ pub struct StepRow<'a> {
     pub prefill: bool,
     pub preempted: bool,
     pub finish: Option<FinishReason>,
+    /// One per token when the request asked for logprobs, else empty.
+    pub logprobs: &'a [TokenLogprob],
 }
 
 impl StepBatch {
@@ -277,6 +288,12 @@ impl StepBatch {
 
     /// Appends a row. `accepted <= drafted <= K` is the caller's contract, checked on receipt.
     pub fn push(&mut self, row: StepRow<'_>) {
+        if !row.logprobs.is_empty() {
+            self.logprobs.push(RowLogprobs {
+                row: self.ids.len() as u32,
+                tokens: row.logprobs.to_vec(),
+            });
+        }
         self.ids.push(row.id);
         self.tokens.extend_from_slice(row.tokens);
         self.token_offsets.push(self.tokens.len() as u32);
@@ -332,12 +349,43 @@ impl StepBatch {
                 "request start points past the rows",
             ));
         }
+        self.validate_logprobs()
+    }
+
+    fn validate_logprobs(&self) -> Result<(), ProtoError> {
+        let mut next_row = 0;
+        for entry in &self.logprobs {
+            let row = entry.row as usize;
+            if row < next_row || row >= self.ids.len() {
+                return Err(ProtoError::InvalidBatch(
+                    "logprob rows out of order or past the rows",
+                ));
+            }
+            next_row = row + 1;
+            let tokens = (self.token_offsets[row + 1] - self.token_offsets[row]) as usize;
+            if entry.tokens.len() != tokens {
+                return Err(ProtoError::InvalidBatch(
+                    "a row's logprobs do not match its tokens",
+                ));
+            }
+            if entry
+                .tokens
+                .iter()
+                .any(|t| t.top.len() > usize::from(MAX_TOP_LOGPROBS))
+            {
+                return Err(ProtoError::InvalidBatch("more top logprobs than allowed"));
+            }
+        }
         Ok(())
     }
 
     /// Rows of a batch that passed [`validate`](Self::validate).
     pub fn rows(&self) -> impl ExactSizeIterator<Item = StepRow<'_>> + '_ {
+        let mut logprobs = self.logprobs.iter().peekable();
         (0..self.ids.len()).map(move |i| {
+            let row_logprobs = logprobs
+                .next_if(|entry| entry.row as usize == i)
+                .map_or(&[][..], |entry| &entry.tokens[..]);
             let (lo, hi) = (
                 self.token_offsets[i] as usize,
                 self.token_offsets[i + 1] as usize,
@@ -350,6 +398,7 @@ impl StepBatch {
                 prefill: self.flags[i] & FLAG_PREFILL != 0,
                 preempted: self.flags[i] & FLAG_PREEMPTED != 0,
                 finish: FinishReason::from_code(self.finish[i]).flatten(),
+                logprobs: row_logprobs,
             }
         })
     }
@@ -376,6 +425,8 @@ pub struct ResyncRequest {
     /// [`FinishReason::code`] of a request that finished but whose final output its api-server
     /// has not acknowledged yet; 0 while it runs.
     pub finish: u8,
+    /// One per output token when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Sent right after [`WorkerHello`] on every (re)connect, and whenever an api-server reports

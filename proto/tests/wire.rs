@@ -225,8 +225,27 @@ fn step_batch_validation_rejects_inconsistent_columns() {
     let mut b = good.clone();
     b.starts[0].row = 17;
     assert!(b.validate(8).is_err());
-    let mut b = good;
+    let mut b = good.clone();
     b.token_offsets[1] = 3;
     b.token_offsets[2] = 1;
+    assert!(b.validate(8).is_err());
+
+    // Logprobs: one per token of their row, rows in order and in range, at most 20 each.
+    let rows: Vec<_> = good.rows().map(|r| r.logprobs.len()).collect();
+    assert_eq!(rows, [0, 3, 0, 0]);
+    let mut b = good.clone();
+    b.logprobs[0].tokens.pop();
+    assert!(b.validate(8).is_err());
+    let mut b = good.clone();
+    b.logprobs[0].row = 3;
+    assert!(b.validate(8).is_err());
+    let mut b = good.clone();
+    b.logprobs[0].row = 4;
+    assert!(b.validate(8).is_err());
+    let mut b = good.clone();
+    b.logprobs.push(b.logprobs[0].clone());
+    assert!(b.validate(8).is_err(), "a row twice");
+    let mut b = good;
+    b.logprobs[0].tokens[0].top = vec![(1, -1.0); 21];
     assert!(b.validate(8).is_err());
 }

@@ -406,6 +406,7 @@ mod tests {
             usage: None,
             speculate_metrics: None,
             error: None,
+            logprobs: Vec::new(),
         });
         list
     }

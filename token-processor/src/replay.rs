@@ -270,6 +270,7 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
             prefill: event.kind == EventKind::Prefill,
             preempted: event.kind == EventKind::Preempted,
             finish: event.finish,
+            logprobs: &[],
         });
     }
     if !batch.is_empty() {

@@ -133,6 +133,7 @@ impl Synth {
                 prefill,
                 preempted: false,
                 finish,
+                logprobs: &[],
             });
             if finish.is_some() {
                 self.finished += 1;

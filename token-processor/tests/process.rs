@@ -200,6 +200,7 @@ fn batch(epoch: u64, seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> Work
             prefill,
             preempted: false,
             finish,
+            logprobs: &[],
         });
     }
     WorkerToTp::Step(b)

@@ -174,6 +174,7 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                     prefill: false,
                     preempted: false,
                     finish: None,
+                    logprobs: &[],
                 };
                 if !sim.prefilled {
                     sim.prefilled = true;

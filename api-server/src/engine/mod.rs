@@ -188,6 +188,9 @@ impl EngineFailure {
 pub enum EngineEvent {
     /// New output tokens, in order, never repeated.
     Tokens(Vec<u32>),
+    /// The logprobs of the tokens of the next [`Tokens`](Self::Tokens), one per token (only
+    /// for requests that asked for them).
+    Logprobs(Vec<proto::TokenLogprob>),
     Finished(Finished),
     Failed(EngineFailure),
 }

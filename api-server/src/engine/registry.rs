@@ -181,7 +181,10 @@ impl Registry {
             let fresh = out.tokens[skip..].to_vec();
             entry.delivered = out.first_index + out.tokens.len() as u32;
             entry.last_progress = Instant::now();
-            if entry.tx.try_send(EngineEvent::Tokens(fresh)).is_err() {
+            let logprobs = out.logprobs.get(skip..).filter(|l| !l.is_empty());
+            let sent_logprobs = logprobs
+                .is_none_or(|l| entry.tx.try_send(EngineEvent::Logprobs(l.to_vec())).is_ok());
+            if !sent_logprobs || entry.tx.try_send(EngineEvent::Tokens(fresh)).is_err() {
                 self.remove(out.id);
                 return Dispatch::Dropped { worker };
             }
@@ -242,6 +245,7 @@ mod tests {
             usage: None,
             speculate_metrics: None,
             error: None,
+            logprobs: Vec::new(),
         }
     }
 

@@ -58,6 +58,8 @@ pub struct SamplingFields {
     pub response_format: Option<Value>,
     /// Accepted without effect on the output (OpenAI's stored-completion tags).
     pub metadata: Option<Value>,
+    /// vLLM extension: logprobs name tokens as `token_id:<id>` instead of their text.
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// Fields of a request body that no struct field took, by name.

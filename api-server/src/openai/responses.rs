@@ -3,6 +3,8 @@
 //! speculation is off or, on a stream, in every chunk but a choice's last).
 
 use proto::SpeculateMetrics;
+
+use super::logprobs::{ChatLogprobs, CompletionLogprobs};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, Default)]
@@ -44,7 +46,7 @@ impl Usage {
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     /// The stop string that ended the choice (vLLM's field), else null.
     pub stop_reason: Option<String>,
@@ -61,7 +63,7 @@ pub struct AssistantMessage {
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<String>,
     pub speculate_metrics: Option<SpeculateMetrics>,
@@ -91,7 +93,7 @@ pub struct Delta {
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,

@@ -58,6 +58,8 @@ pub struct GenerateSpec {
     pub stop: StopConditions,
     pub stream: bool,
     pub include_usage: bool,
+    /// Logprobs name tokens as `token_id:<id>` (vLLM's `return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
 }
 
 /// `max_tokens` when the request gives none.
@@ -206,9 +208,6 @@ pub fn chat_prompt(
             ))
         }
     }
-    if request.logprobs == Some(true) || request.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
-    }
     let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
     let text = render_chat(&request.messages, add_generation_prompt, template, limits)?;
     // The template wrote the special tokens; add none (vLLM's add_special_tokens=False).
@@ -340,7 +339,42 @@ pub fn generate_spec(
         },
         stream,
         include_usage,
+        tokens_as_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
     })
+}
+
+/// Chat's `logprobs` and `top_logprobs` as the engine's `logprobs`: `Some(top)` when
+/// `logprobs` is true. `top_logprobs` (0 to 20) needs `logprobs` true (OpenAI's and vLLM's
+/// rule).
+pub fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<u8>, ApiError> {
+    let max = i64::from(proto::MAX_TOP_LOGPROBS);
+    match (logprobs.unwrap_or(false), top) {
+        (_, Some(n)) if !(0..=max).contains(&n) => Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs must be between 0 and {max}"),
+        )),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs set to true",
+        )),
+        (false, None) => Ok(None),
+        (true, top) => Ok(Some(top.unwrap_or(0) as u8)),
+    }
+}
+
+/// Completions' `logprobs` (null, or how many alternatives, 0 to 20) as the engine's.
+pub fn completion_logprobs(logprobs: Option<&Value>) -> Result<Option<u8>, ApiError> {
+    let max = u64::from(proto::MAX_TOP_LOGPROBS);
+    match logprobs {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= max => Ok(Some(n as u8)),
+            _ => Err(ApiError::invalid(
+                "logprobs",
+                format!("logprobs must be null or an integer between 0 and {max}"),
+            )),
+        },
+    }
 }
 
 /// Temperature, top-p, top-k, seed and the logits processors; `response_format` and
@@ -375,6 +409,7 @@ fn sampling_params(
         top_k,
         seed: fields.seed.map(|s| s as u64),
         processors,
+        logprobs: None,
     })
 }
 

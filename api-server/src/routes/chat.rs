@@ -4,9 +4,12 @@ use super::generation::Flavour;
 use crate::error::ApiError;
 use crate::generate::ChoiceEnd;
 use crate::model::ModelAssets;
+use crate::openai::logprobs::{ChatLogprobs, LogprobEntry};
 use crate::openai::requests::ChatCompletionRequest;
 use crate::openai::responses::{AssistantMessage, ChatChoice, ChatChunkChoice, Delta};
-use crate::openai::validate::{chat_prompt, generate_spec, DefaultMaxTokens, GenerateSpec, Limits};
+use crate::openai::validate::{
+    chat_logprobs, chat_prompt, generate_spec, DefaultMaxTokens, GenerateSpec, Limits,
+};
 
 pub struct Chat;
 
@@ -31,14 +34,17 @@ impl Flavour for Chat {
         let prompt = chat_prompt(&req, model.chat_template.as_ref(), tokenizer, limits)?;
         // `max_completion_tokens` is the newer name; it wins when both are given.
         let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-        generate_spec(
+        let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+        let mut spec = generate_spec(
             vec![prompt],
             &req.sampling,
             max_tokens,
             DefaultMaxTokens::RestOfContext,
             tokenizer,
             limits,
-        )
+        )?;
+        spec.sampling.logprobs = logprobs;
+        Ok(spec)
     }
 
     /// vLLM opens each choice with the assistant role and empty content.
@@ -52,14 +58,21 @@ impl Flavour for Chat {
         ))
     }
 
-    fn text_chunk(index: u32, text: String) -> ChatChunkChoice {
-        chunk_choice(
-            index,
-            Delta {
-                role: None,
-                content: Some(text),
-            },
-        )
+    fn text_chunk(
+        index: u32,
+        text: String,
+        logprobs: Option<Vec<LogprobEntry>>,
+    ) -> ChatChunkChoice {
+        ChatChunkChoice {
+            logprobs: logprobs.as_deref().map(ChatLogprobs::new),
+            ..chunk_choice(
+                index,
+                Delta {
+                    role: None,
+                    content: Some(text),
+                },
+            )
+        }
     }
 
     fn end_chunk(end: &ChoiceEnd) -> ChatChunkChoice {
@@ -68,6 +81,7 @@ impl Flavour for Chat {
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason.clone(),
             speculate_metrics: end.speculate_metrics.clone(),
+            logprobs: end.logprobs.as_deref().map(ChatLogprobs::new),
             ..chunk_choice(
                 end.index,
                 Delta {
@@ -85,7 +99,7 @@ impl Flavour for Chat {
                 role: "assistant",
                 content: text,
             },
-            logprobs: None,
+            logprobs: end.logprobs.as_deref().map(ChatLogprobs::new),
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason,
             speculate_metrics: end.speculate_metrics,

@@ -4,10 +4,12 @@ use super::generation::Flavour;
 use crate::error::ApiError;
 use crate::generate::ChoiceEnd;
 use crate::model::ModelAssets;
+use crate::openai::logprobs::{CompletionLogprobs, LogprobEntry};
 use crate::openai::requests::CompletionRequest;
 use crate::openai::responses::CompletionChoice;
 use crate::openai::validate::{
-    completion_prompts, generate_spec, refuse_unknown, DefaultMaxTokens, GenerateSpec, Limits,
+    completion_logprobs, completion_prompts, generate_spec, refuse_unknown, DefaultMaxTokens,
+    GenerateSpec, Limits,
 };
 
 /// vLLM's default `max_tokens` for completions.
@@ -17,9 +19,6 @@ fn unsupported_fields(req: &CompletionRequest) -> Result<(), ApiError> {
     refuse_unknown(&req.unknown, "")?;
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
-    if req.logprobs.as_ref().is_some_and(|l| !l.is_null()) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
     }
     if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
@@ -53,26 +52,33 @@ impl Flavour for Completions {
         limits: &Limits,
     ) -> Result<GenerateSpec, ApiError> {
         unsupported_fields(&req)?;
+        let logprobs = completion_logprobs(req.logprobs.as_ref())?;
         let prompts = completion_prompts(&req.prompt, &model.tokenizer, limits)?;
-        generate_spec(
+        let mut spec = generate_spec(
             prompts,
             &req.sampling,
             req.sampling.max_tokens,
             DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
             &model.tokenizer,
             limits,
-        )
+        )?;
+        spec.sampling.logprobs = logprobs;
+        Ok(spec)
     }
 
     fn opening(_index: u32) -> Option<CompletionChoice> {
         None
     }
 
-    fn text_chunk(index: u32, text: String) -> CompletionChoice {
+    fn text_chunk(
+        index: u32,
+        text: String,
+        logprobs: Option<Vec<LogprobEntry>>,
+    ) -> CompletionChoice {
         CompletionChoice {
             index,
             text,
-            logprobs: None,
+            logprobs: logprobs.as_deref().map(CompletionLogprobs::new),
             finish_reason: None,
             stop_reason: None,
             speculate_metrics: None,
@@ -83,7 +89,7 @@ impl Flavour for Completions {
         CompletionChoice {
             index: end.index,
             text: end.text.clone(),
-            logprobs: None,
+            logprobs: end.logprobs.as_deref().map(CompletionLogprobs::new),
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason.clone(),
             speculate_metrics: end.speculate_metrics.clone(),
@@ -94,7 +100,7 @@ impl Flavour for Completions {
         CompletionChoice {
             index: end.index,
             text,
-            logprobs: None,
+            logprobs: end.logprobs.as_deref().map(CompletionLogprobs::new),
             finish_reason: Some(end.finish_reason),
             stop_reason: end.stop_reason,
             speculate_metrics: end.speculate_metrics,

@@ -21,6 +21,7 @@ use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, Lane};
 use crate::model::ModelAssets;
+use crate::openai::logprobs::LogprobEntry;
 use crate::openai::responses::{response_id, unix_now, Chunk, Usage, UsageField, WholeResponse};
 use crate::openai::validate::{check_model, GenerateSpec, Limits};
 use crate::stream::{
@@ -49,7 +50,11 @@ pub trait Flavour: Send + Sync + 'static {
     ) -> Result<GenerateSpec, ApiError>;
     /// What opens choice `index` before any output, if anything.
     fn opening(index: u32) -> Option<Self::ChunkChoice>;
-    fn text_chunk(index: u32, text: String) -> Self::ChunkChoice;
+    fn text_chunk(
+        index: u32,
+        text: String,
+        logprobs: Option<Vec<LogprobEntry>>,
+    ) -> Self::ChunkChoice;
     fn end_chunk(end: &ChoiceEnd) -> Self::ChunkChoice;
     fn choice(text: String, end: ChoiceEnd) -> Self::Choice;
 }
@@ -166,8 +171,8 @@ impl<F: Flavour> StreamChunks for Chunks<F> {
             .collect()
     }
 
-    fn text(&self, index: u32, text: String) -> Bytes {
-        self.chunk(vec![F::text_chunk(index, text)], self.usage)
+    fn text(&self, index: u32, text: String, logprobs: Option<Vec<LogprobEntry>>) -> Bytes {
+        self.chunk(vec![F::text_chunk(index, text, logprobs)], self.usage)
     }
 
     fn end(&self, end: &ChoiceEnd) -> Bytes {

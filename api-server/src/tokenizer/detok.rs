@@ -38,6 +38,11 @@ impl IncrementalDecoder {
         }
     }
 
+    /// The tokenizer it decodes with.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// The stop string that ended the text, once one has.
     pub fn matched_stop(&self) -> Option<&str> {
         self.matched_stop.as_deref()

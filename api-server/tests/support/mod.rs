@@ -331,6 +331,7 @@ fn output(add: &AddRequest, first_index: u32, tokens: Vec<u32>) -> RequestOutput
         usage: None,
         speculate_metrics: None,
         error: None,
+        logprobs: Vec::new(),
     }
 }
 

@@ -22,9 +22,12 @@ pub struct TokenChoice<'a> {
 }
 
 impl TokenChoice<'_> {
-    /// Whether the choice is a plain argmax of the raw logits (what a device may do itself).
+    /// Whether the choice is a plain argmax of the raw logits with nothing else to report
+    /// (what a device may do itself; logprobs need the whole row on the host).
     pub fn is_plain_greedy(&self) -> bool {
-        crate::sampling::is_greedy(self.sampling) && !self.sampling.processors.changes_logits()
+        crate::sampling::is_greedy(self.sampling)
+            && !self.sampling.processors.changes_logits()
+            && self.sampling.logprobs.is_none()
     }
 }
 
@@ -123,18 +126,7 @@ mod tests {
         let verdicts = verify_on_host(&logits, vocab, &seqs, &[choice, choice]).unwrap();
         assert_eq!(
             verdicts,
-            vec![
-                Verdict {
-                    drafted: 0,
-                    accepted: 0,
-                    tokens: vec![2]
-                },
-                Verdict {
-                    drafted: 2,
-                    accepted: 1,
-                    tokens: vec![3, 1]
-                },
-            ]
+            vec![Verdict::new(0, 0, vec![2]), Verdict::new(2, 1, vec![3, 1]),]
         );
         assert!(verify_on_host(&logits[..8], vocab, &seqs, &[choice, choice]).is_err());
         assert!(verify_on_host(&logits, vocab, &seqs, &[choice]).is_err());

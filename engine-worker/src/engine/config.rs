@@ -114,6 +114,12 @@ pub fn validate_request(
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         return invalid(format!("top_p {} is not in (0, 1]", s.top_p));
     }
+    if s.logprobs.is_some_and(|n| n > proto::MAX_TOP_LOGPROBS) {
+        return invalid(format!(
+            "logprobs asks for more than {} alternatives",
+            proto::MAX_TOP_LOGPROBS
+        ));
+    }
     if !req.stop.stop_strings.is_empty() && !has_token_bytes {
         return invalid("stop strings need the model's vocabulary, which this model lacks".into());
     }

@@ -311,6 +311,7 @@ impl<B: Backend> Engine<B> {
             acceptance: RequestAcceptance::default(),
             announced: false,
             output_bytes: Vec::new(),
+            logprobs: Vec::new(),
         });
         Ok(())
     }
@@ -359,6 +360,7 @@ impl<B: Backend> Engine<B> {
             id,
             kind: RowKind::Abort,
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             drafted: 0,
             accepted: 0,
             finish: Some(finish),
@@ -407,6 +409,7 @@ impl<B: Backend> Engine<B> {
                 id,
                 kind: RowKind::Preempted,
                 tokens: Vec::new(),
+                logprobs: Vec::new(),
                 drafted: 0,
                 accepted: 0,
                 finish: None,
@@ -621,6 +624,7 @@ impl<B: Backend> Engine<B> {
                 drafted,
                 accepted,
                 tokens,
+                mut logprobs,
             } = v.verdict;
             let kind = if seq.prefilled {
                 RowKind::Verify
@@ -654,10 +658,14 @@ impl<B: Backend> Engine<B> {
             }
             seq.prefilled = true;
             let new_tokens = seq.tokens[seq.len() - appended..].to_vec();
+            // A stop condition may cut the step's tokens short: their logprobs go with them.
+            logprobs.truncate(appended);
+            seq.logprobs.extend_from_slice(&logprobs);
             rows.push(RowOut {
                 id: seq.id,
                 kind,
                 tokens: new_tokens,
+                logprobs,
                 drafted: drafted as u8,
                 accepted: accepted as u8,
                 finish,
@@ -790,6 +798,7 @@ fn resync_of(s: &Sequence, finish: Option<FinishReason>) -> ResyncRequest {
         drafted: s.drafted.clone(),
         accepted: s.accepted.clone(),
         finish: finish.map_or(0, FinishReason::code),
+        logprobs: s.logprobs.clone(),
     }
 }
 

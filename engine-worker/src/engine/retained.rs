@@ -46,7 +46,8 @@ pub struct Retained {
 
 /// What one retained request costs: its tokens, its history and a fixed overhead.
 fn cost(r: &ResyncRequest) -> usize {
-    r.tokens.len() * 4 + r.drafted.len() + r.accepted.len() + r.owner.len() + 96
+    let logprobs: usize = r.logprobs.iter().map(proto::TokenLogprob::heap_bytes).sum();
+    r.tokens.len() * 4 + logprobs + r.drafted.len() + r.accepted.len() + r.owner.len() + 96
 }
 
 impl Retained {
@@ -208,6 +209,7 @@ mod tests {
             drafted: vec![2; tokens / 2],
             accepted: vec![1; tokens / 2],
             finish: 1,
+            logprobs: Vec::new(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! One step's outcome per request, and its wire form ([`StepBatch`]).
 
 use proto::worker_tp::{RequestStart, StepBatch, StepRow};
-use proto::{FinishReason, RequestId};
+use proto::{FinishReason, RequestId, TokenLogprob};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowKind {
@@ -25,11 +25,13 @@ pub struct StartInfo {
     pub arrival_unix_ms: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RowOut {
     pub id: RequestId,
     pub kind: RowKind,
     pub tokens: Vec<u32>,
+    /// One per token when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprob>,
     pub drafted: u8,
     pub accepted: u8,
     pub finish: Option<FinishReason>,
@@ -57,6 +59,7 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
             prefill: row.kind == RowKind::Prefill,
             preempted: row.kind == RowKind::Preempted,
             finish: row.finish,
+            logprobs: &row.logprobs,
         });
     }
     batch

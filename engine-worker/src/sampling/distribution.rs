@@ -121,6 +121,7 @@ mod tests {
             top_k,
             seed: None,
             processors: proto::api_worker::LogitsProcessors::NONE,
+            logprobs: None,
         }
     }
 

@@ -4,10 +4,12 @@
 //! else is in the batch.
 
 mod distribution;
+mod logprobs;
 mod processors;
 mod rng;
 
 pub use distribution::{argmax, Distribution};
+pub use logprobs::{log_sum_exp, token_logprob};
 pub use processors::{History, Processing};
 pub use rng::position_rng;
 

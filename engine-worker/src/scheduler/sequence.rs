@@ -41,6 +41,8 @@ pub struct Sequence {
     pub announced: bool,
     /// Decoded bytes of the output, kept only when the request has stop strings.
     pub output_bytes: Vec<u8>,
+    /// One per output token when the request asked for logprobs (a resync sends them again).
+    pub logprobs: Vec<proto::TokenLogprob>,
 }
 
 /// What a scheduled sequence runs this step.

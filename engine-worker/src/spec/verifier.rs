@@ -15,11 +15,14 @@
 //! output are therefore both independent of the drafting policy and of the load it follows.
 
 use proto::api_worker::SamplingParams;
+use proto::TokenLogprob;
 
-use crate::sampling::{argmax, is_greedy, position_rng, Distribution, History, Processing};
+use crate::sampling::{
+    argmax, is_greedy, position_rng, token_logprob, Distribution, History, Processing,
+};
 
 /// The verifier's decision for one sequence and step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     /// Drafts verified.
     pub drafted: usize,
@@ -27,6 +30,21 @@ pub struct Verdict {
     pub accepted: usize,
     /// The accepted drafts followed by the target's own token: `accepted + 1` tokens.
     pub tokens: Vec<u32>,
+    /// One per token when the request asked for logprobs (from the row it was chosen from, so
+    /// the same as a step without drafts gives), else empty.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+impl Verdict {
+    /// A verdict without logprobs.
+    pub fn new(drafted: usize, accepted: usize, tokens: Vec<u32>) -> Self {
+        Self {
+            drafted,
+            accepted,
+            tokens,
+            logprobs: Vec::new(),
+        }
+    }
 }
 
 /// Verifies `drafts` given `logits`: `drafts.len() + 1` rows of `vocab` logits, row `i` being the
@@ -49,6 +67,7 @@ pub fn verify(
     let mut processed = Vec::new();
     let greedy = is_greedy(params);
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
+    let mut logprobs = Vec::new();
     for i in 0..=drafts.len() {
         let raw = &logits[i * vocab..(i + 1) * vocab];
         let row = match &processing {
@@ -67,12 +86,16 @@ pub fn verify(
             }
         };
         tokens.push(target);
+        if let Some(top) = params.logprobs {
+            logprobs.push(token_logprob(row, target, usize::from(top)));
+        }
         if drafts.get(i) != Some(&target) {
             // Row `drafts.len()` has no draft: its token is the step's own.
             return Verdict {
                 drafted: drafts.len(),
                 accepted: i,
                 tokens,
+                logprobs,
             };
         }
         if let Some(state) = &mut processing {
@@ -100,32 +123,11 @@ mod tests {
     fn greedy_accepts_the_matching_prefix_then_corrects() {
         let logits = one_hot_rows(&[3, 1, 4, 1], 8);
         let v = verify(&logits, 8, &[3, 1, 5], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(
-            v,
-            Verdict {
-                drafted: 3,
-                accepted: 2,
-                tokens: vec![3, 1, 4]
-            }
-        );
+        assert_eq!(v, Verdict::new(3, 2, vec![3, 1, 4]));
         let v = verify(&logits, 8, &[3, 1, 4], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(
-            v,
-            Verdict {
-                drafted: 3,
-                accepted: 3,
-                tokens: vec![3, 1, 4, 1]
-            }
-        );
+        assert_eq!(v, Verdict::new(3, 3, vec![3, 1, 4, 1]));
         let v = verify(&logits[..8], 8, &[], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(
-            v,
-            Verdict {
-                drafted: 0,
-                accepted: 0,
-                tokens: vec![3]
-            }
-        );
+        assert_eq!(v, Verdict::new(0, 0, vec![3]));
     }
 
     #[test]
@@ -136,26 +138,13 @@ mod tests {
             top_k: 1,
             seed: Some(1),
             processors: proto::api_worker::LogitsProcessors::NONE,
+            logprobs: None,
         };
         let logits = one_hot_rows(&[3, 1], 8);
         let v = verify(&logits, 8, &[3], &params, 5, 0, &History::EMPTY);
-        assert_eq!(
-            v,
-            Verdict {
-                drafted: 1,
-                accepted: 1,
-                tokens: vec![3, 1]
-            }
-        );
+        assert_eq!(v, Verdict::new(1, 1, vec![3, 1]));
         let v = verify(&logits, 8, &[2], &params, 5, 0, &History::EMPTY);
-        assert_eq!(
-            v,
-            Verdict {
-                drafted: 1,
-                accepted: 0,
-                tokens: vec![3]
-            }
-        );
+        assert_eq!(v, Verdict::new(1, 0, vec![3]));
     }
 
     #[test]
@@ -170,6 +159,7 @@ mod tests {
             top_k: 0,
             seed: Some(4),
             processors: proto::api_worker::LogitsProcessors::NONE,
+            logprobs: None,
         };
         for position in 0..50 {
             let plain = Distribution::new(&row, &params).sample(&mut position_rng(4, position));
@@ -192,6 +182,7 @@ mod tests {
             top_k: 0,
             seed: Some(3),
             processors: proto::api_worker::LogitsProcessors::NONE,
+            logprobs: None,
         };
         let (mut accepted_some, mut rejected_some) = (false, false);
         for trial in 0..400 {
@@ -258,5 +249,53 @@ mod tests {
         assert_eq!((v.accepted, v.tokens), (2, vec![1, 2, 0]));
         let v = verify(&logits, vocab, &[1, 1], &params, 0, 0, &history);
         assert_eq!((v.accepted, v.tokens), (1, vec![1, 2]));
+    }
+
+    /// Logprobs of a verified step are those of the same tokens decoded one step at a time: each
+    /// comes from its own row after the processors, with the counts of its position.
+    #[test]
+    fn logprobs_with_drafts_equal_those_of_sequential_steps() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let vocab = 7;
+        let mut params = GREEDY;
+        params.logprobs = Some(3);
+        params.processors.frequency_penalty = 0.7;
+        params.processors.repetition_penalty = 1.3;
+        for _ in 0..100 {
+            let logits: Vec<f32> = (0..4 * vocab).map(|_| rng.gen_range(-3.0..3.0)).collect();
+            let prompt = [1u32, 2];
+            let history = History {
+                tokens: &prompt,
+                prompt_len: 2,
+                stop_ids: &[],
+            };
+            // The sequential decode, row by row.
+            let mut grown = prompt.to_vec();
+            let mut sequential = Vec::new();
+            for i in 0..4 {
+                let h = History {
+                    tokens: &grown,
+                    prompt_len: 2,
+                    stop_ids: &[],
+                };
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                let v = verify(row, vocab, &[], &params, 0, i, &h);
+                assert_eq!(v.logprobs.len(), 1);
+                assert_eq!(v.logprobs[0].top.len(), 3);
+                grown.push(v.tokens[0]);
+                sequential.push(v);
+            }
+            let drafts: Vec<u32> = sequential[..3].iter().map(|v| v.tokens[0]).collect();
+            let v = verify(&logits, vocab, &drafts, &params, 0, 0, &history);
+            assert_eq!(v.accepted, 3);
+            let expected: Vec<_> = sequential.iter().map(|v| v.logprobs[0].clone()).collect();
+            assert_eq!(v.logprobs, expected);
+            // A rejected draft: the logprobs stop with the tokens.
+            let mut wrong = drafts.clone();
+            wrong[1] = (wrong[1] + 1) % vocab as u32;
+            let v = verify(&logits, vocab, &wrong, &params, 0, 0, &history);
+            assert_eq!(v.logprobs, expected[..2]);
+        }
     }
 }

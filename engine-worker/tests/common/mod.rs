@@ -245,6 +245,8 @@ pub struct Outcome {
     pub steps: Vec<(u8, u8)>,
     pub finish: Option<FinishReason>,
     pub preemptions: usize,
+    /// One per token when the request asked for logprobs.
+    pub logprobs: Vec<proto::TokenLogprob>,
 }
 
 /// Applies rows to outcomes, checking the row contract on the way.
@@ -274,7 +276,12 @@ pub fn collect(rows: &[RowOut], k: usize, outcomes: &mut HashMap<RequestId, Outc
             }
             RowKind::Abort => assert!(row.tokens.is_empty()),
         }
+        assert!(
+            row.logprobs.is_empty() || row.logprobs.len() == row.tokens.len(),
+            "{row:?}"
+        );
         o.tokens.extend_from_slice(&row.tokens);
+        o.logprobs.extend_from_slice(&row.logprobs);
         o.finish = row.finish;
     }
 }

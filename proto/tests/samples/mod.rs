@@ -3,7 +3,7 @@
 use proto::api_worker::*;
 use proto::tp_api::*;
 use proto::worker_tp::*;
-use proto::{FinishReason, SpeculateMetrics, PROTOCOL_VERSION};
+use proto::{FinishReason, SpeculateMetrics, TokenLogprob, PROTOCOL_VERSION};
 
 pub fn worker_hello() -> WorkerHello {
     WorkerHello {
@@ -63,6 +63,7 @@ pub fn step_batch() -> StepBatch {
         prefill: true,
         preempted: false,
         finish: None,
+        logprobs: &[],
     });
     b.starts.push(RequestStart {
         row: 0,
@@ -79,6 +80,20 @@ pub fn step_batch() -> StepBatch {
         prefill: false,
         preempted: false,
         finish: None,
+        logprobs: &[
+            TokenLogprob {
+                logprob: -0.125,
+                top: vec![(3575, -0.125), (30, -2.5)],
+            },
+            TokenLogprob {
+                logprob: -1.5,
+                top: vec![(9, -0.75), (282, -1.5)],
+            },
+            TokenLogprob {
+                logprob: f32::NEG_INFINITY,
+                top: vec![(1, 0.0), (2, f32::NEG_INFINITY)],
+            },
+        ],
     });
     b.push(StepRow {
         id: 11,
@@ -88,6 +103,7 @@ pub fn step_batch() -> StepBatch {
         prefill: false,
         preempted: true,
         finish: None,
+        logprobs: &[],
     });
     b.push(StepRow {
         id: 12,
@@ -97,6 +113,7 @@ pub fn step_batch() -> StepBatch {
         prefill: false,
         preempted: false,
         finish: Some(FinishReason::Stop),
+        logprobs: &[],
     });
     b
 }
@@ -117,6 +134,12 @@ pub fn resync() -> Resync {
             drafted: vec![4, 0],
             accepted: vec![3, 0],
             finish: 0,
+            logprobs: (1..=6)
+                .map(|i| TokenLogprob {
+                    logprob: -(i as f32) / 4.0,
+                    top: vec![(i, -0.5)],
+                })
+                .collect(),
         }],
     }
 }
@@ -138,6 +161,7 @@ pub fn add_request() -> AddRequest {
                 min_tokens: 4,
                 logit_bias: vec![(504, -100.0), (7, 2.5)],
             },
+            logprobs: Some(5),
         },
         stop: StopConditions {
             stop_token_ids: vec![2],
@@ -178,6 +202,16 @@ pub fn outputs() -> Vec<RequestOutput> {
             usage: None,
             speculate_metrics: None,
             error: None,
+            logprobs: vec![
+                TokenLogprob {
+                    logprob: -0.125,
+                    top: vec![],
+                },
+                TokenLogprob {
+                    logprob: -3.0,
+                    top: vec![],
+                },
+            ],
         },
         RequestOutput {
             id: 12,
@@ -191,6 +225,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             }),
             speculate_metrics: Some(Box::new(speculate_metrics())),
             error: None,
+            logprobs: Vec::new(),
         },
         RequestOutput {
             id: 13,
@@ -207,6 +242,7 @@ pub fn outputs() -> Vec<RequestOutput> {
                 kind: OutputErrorKind::WorkerLost,
                 message: "worker worker-0 missed its heartbeats".into(),
             }),
+            logprobs: Vec::new(),
         },
     ]
 }

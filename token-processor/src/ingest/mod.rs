@@ -301,17 +301,17 @@ mod hand_off_tests {
         let owner: Arc<str> = Arc::from("api-a");
         let (tx, mut rx) = mpsc::channel(1);
         let mut out = Outbox::default();
-        out.push_tokens(&owner, 1, 0, &[10]);
+        out.push_tokens(&owner, 1, 0, &[10], &[]);
         assert_eq!(hand_off(&mut out, &tx, 3), 0);
         assert!(out.is_empty(), "sent");
         // Queue full: held, and later outputs join the same list.
-        out.push_tokens(&owner, 1, 1, &[11]);
+        out.push_tokens(&owner, 1, 1, &[11], &[]);
         assert_eq!(hand_off(&mut out, &tx, 3), 0);
-        out.push_tokens(&owner, 1, 2, &[12]);
+        out.push_tokens(&owner, 1, 2, &[12], &[]);
         assert_eq!(hand_off(&mut out, &tx, 3), 0);
         assert_eq!(out.len(), 2);
         assert_eq!(tokens_of(&rx.try_recv().unwrap()), vec![10]);
-        out.push_tokens(&owner, 1, 3, &[13]);
+        out.push_tokens(&owner, 1, 3, &[13], &[]);
         assert_eq!(hand_off(&mut out, &tx, 3), 0);
         let merged = rx.try_recv().unwrap();
         assert_eq!(merged.len(), 1, "one list per owner");
@@ -319,13 +319,13 @@ mod hand_off_tests {
         // Past the bound the held outputs are dropped and counted.
         tx.try_send(Vec::new()).unwrap();
         for i in 0..4 {
-            out.push_tokens(&owner, 2, i, &[20 + i]);
+            out.push_tokens(&owner, 2, i, &[20 + i], &[]);
         }
         assert_eq!(hand_off(&mut out, &tx, 3), 4);
         assert!(out.is_empty());
         // A closed queue counts everything it was handed as dropped.
         drop(rx);
-        out.push_tokens(&owner, 3, 0, &[30, 31]);
+        out.push_tokens(&owner, 3, 0, &[30, 31], &[]);
         assert_eq!(hand_off(&mut out, &tx, 3), 1);
     }
 }

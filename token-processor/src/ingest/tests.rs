@@ -63,6 +63,7 @@ impl B {
             prefill: true,
             preempted: false,
             finish: None,
+            logprobs: &[],
         });
         self
     }
@@ -76,6 +77,7 @@ impl B {
             prefill: false,
             preempted: false,
             finish,
+            logprobs: &[],
         });
         self
     }
@@ -349,6 +351,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 drafted: vec![4, 4, 3],
                 accepted: vec![2, 1, 0],
                 finish: 0,
+                logprobs: Vec::new(),
             },
             // Request 5 we never heard of (e.g. we restarted).
             ResyncRequest {
@@ -362,6 +365,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 drafted: vec![2],
                 accepted: vec![0],
                 finish: 0,
+                logprobs: Vec::new(),
             },
         ],
     };
@@ -592,6 +596,7 @@ fn finished_request(
         drafted: steps.iter().map(|s| s.0).collect(),
         accepted: steps.iter().map(|s| s.1).collect(),
         finish: FinishReason::Stop.code(),
+        logprobs: Vec::new(),
     }
 }
 

@@ -65,8 +65,10 @@ impl Outbox {
         id: RequestId,
         first_index: u32,
         tokens: &[u32],
+        logprobs: &[proto::TokenLogprob],
     ) {
-        self.list(owner).push_tokens(id, first_index, tokens);
+        self.list(owner)
+            .push_tokens(id, first_index, tokens, logprobs);
     }
 
     /// Expect about `n` more outputs per owner.

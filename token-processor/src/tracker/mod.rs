@@ -167,11 +167,18 @@ impl Tracker {
                 None => {
                     if has_tokens {
                         let first_index = state.deliver(row.tokens.len());
-                        out.push_tokens(&state.owner, row.id, first_index, row.tokens);
+                        out.push_tokens(
+                            &state.owner,
+                            row.id,
+                            first_index,
+                            row.tokens,
+                            row.logprobs,
+                        );
                     }
                 }
                 Some(reason) => {
                     let mut output = state.tokens_output(row.id, row.tokens.to_vec());
+                    output.logprobs = row.logprobs.to_vec();
                     state.finalize(&mut output, reason, worker_failure(reason), speculating);
                     obs.count_finish(reason);
                     obs.e2e_s.extend(state.age_s(now));
@@ -311,7 +318,8 @@ impl Tracker {
         out: &mut Outbox,
         obs: &mut Observations,
     ) {
-        let history = figures_from_history(self.num_spec_tokens, &req.drafted, &req.accepted);
+        let history = figures_from_history(self.num_spec_tokens, &req.drafted, &req.accepted)
+            .filter(|_| logprobs_fit(req));
         let (Some(figures), Some(finish)) = (history, FinishReason::from_code(req.finish)) else {
             self.fail_invalid_replay(req, now, out, obs);
             return;
@@ -323,6 +331,7 @@ impl Tracker {
         };
         rewind_deliveries(&mut state, req, now, obs);
         let mut output = state.tokens_output(req.id, req.tokens.clone());
+        output.logprobs = req.logprobs.clone();
         let owner = state.owner.clone();
         match finish {
             None => {
@@ -354,7 +363,7 @@ impl Tracker {
         out: &mut Outbox,
         obs: &mut Observations,
     ) {
-        let message = "resync carried an invalid history or finish code";
+        let message = "resync carried an invalid history, finish code or logprobs";
         if self.requests.contains_key(&req.id) {
             self.fail(req.id, OutputErrorKind::StepGap, message, now, out, obs);
         } else {
@@ -478,7 +487,17 @@ fn empty_output(id: RequestId) -> RequestOutput {
         usage: None,
         speculate_metrics: None,
         error: None,
+        logprobs: Vec::new(),
     }
+}
+
+/// A resync's logprobs are one per token, or absent (the request did not ask for them).
+fn logprobs_fit(req: &ResyncRequest) -> bool {
+    (req.logprobs.is_empty() || req.logprobs.len() == req.tokens.len())
+        && req
+            .logprobs
+            .iter()
+            .all(|t| t.top.len() <= usize::from(proto::MAX_TOP_LOGPROBS))
 }
 
 /// Rebuilds figures from a resync's `(drafted, accepted)` history; None if it is inconsistent.

@@ -2,7 +2,7 @@
 //! frame written directly from that layout.
 
 use proto::tp_api::{OutputError, RequestOutput, Usage};
-use proto::{FinishReason, RequestId, SpeculateMetrics};
+use proto::{FinishReason, RequestId, SpeculateMetrics, TokenLogprob};
 
 /// The outputs for one api-server, flat: one token array and one small row per output, so a
 /// 512-row batch costs two growing vectors instead of 512 token allocations that another thread
@@ -22,6 +22,8 @@ struct OutRow {
     end: u32,
     /// Finish, usage, figures, error: only on a request's last output.
     tail: Option<Box<OutputTail>>,
+    /// One per token, only for requests that asked for logprobs.
+    logprobs: Option<Box<[TokenLogprob]>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -49,8 +51,15 @@ impl OwnerOutputs {
         self.rows.is_empty()
     }
 
-    /// An output that only carries tokens (the common case, no allocation of its own).
-    pub fn push_tokens(&mut self, id: RequestId, first_index: u32, tokens: &[u32]) {
+    /// An output that only carries tokens, and their logprobs when the request asked for
+    /// them (the common case has none and allocates nothing of its own).
+    pub fn push_tokens(
+        &mut self,
+        id: RequestId,
+        first_index: u32,
+        tokens: &[u32],
+        logprobs: &[TokenLogprob],
+    ) {
         let start = self.tokens.len() as u32;
         self.tokens.extend_from_slice(tokens);
         self.rows.push(OutRow {
@@ -59,6 +68,7 @@ impl OwnerOutputs {
             start,
             end: self.tokens.len() as u32,
             tail: None,
+            logprobs: (!logprobs.is_empty()).then(|| logprobs.into()),
         });
     }
 
@@ -71,8 +81,9 @@ impl OwnerOutputs {
             usage,
             speculate_metrics,
             error,
+            logprobs,
         } = output;
-        self.push_tokens(id, first_index, &tokens);
+        self.push_tokens(id, first_index, &tokens, &logprobs);
         if finish.is_some() || usage.is_some() || speculate_metrics.is_some() || error.is_some() {
             let row = self.rows.last_mut().expect("just pushed");
             row.tail = Some(Box::new(OutputTail {
@@ -110,6 +121,11 @@ impl OwnerOutputs {
                     usage: tail.and_then(|t| t.usage.clone()),
                     speculate_metrics: tail.and_then(|t| t.speculate_metrics.clone()),
                     error: tail.and_then(|t| t.error.clone()),
+                    logprobs: row
+                        .logprobs
+                        .as_deref()
+                        .map(<[_]>::to_vec)
+                        .unwrap_or_default(),
                 }
             })
             .collect()
@@ -128,8 +144,8 @@ pub fn encode_outputs_message(outputs: &OwnerOutputs) -> Result<Vec<u8>, proto::
     buf.extend_from_slice(b"Outputs");
     write_array_len(&mut buf, outputs.rows.len());
     for row in &outputs.rows {
-        // RequestOutput as a 7-element array (structs travel as arrays).
-        buf.push(0x97);
+        // RequestOutput as an 8-element array (structs travel as arrays).
+        buf.push(0x98);
         write_uint(&mut buf, row.id);
         write_uint(&mut buf, u64::from(row.first_index));
         let tokens = &outputs.tokens[row.start as usize..row.end as usize];
@@ -146,6 +162,10 @@ pub fn encode_outputs_message(outputs: &OwnerOutputs) -> Result<Vec<u8>, proto::
                 buf.extend(proto::encode(&tail.speculate_metrics)?);
                 buf.extend(proto::encode(&tail.error)?);
             }
+        }
+        match row.logprobs.as_deref() {
+            None => buf.push(0x90),
+            Some(logprobs) => buf.extend(proto::encode(&logprobs)?),
         }
     }
     if buf.len() > proto::MAX_FRAME_BYTES {
@@ -216,7 +236,18 @@ mod tests {
             usage: None,
             speculate_metrics: None,
             error: None,
+            logprobs: Vec::new(),
         };
+        if rng.next_u64().is_multiple_of(3) {
+            output.logprobs = (0..n)
+                .map(|_| TokenLogprob {
+                    logprob: -(rng.next_u32() as f32) / 1e9,
+                    top: (0..rng.next_u64() % 4)
+                        .map(|_| (width(rng) as u32, f32::NEG_INFINITY))
+                        .collect(),
+                })
+                .collect();
+        }
         match rng.next_u64() % 4 {
             0 => {
                 let mut figures = Figures::new(4);
@@ -254,7 +285,7 @@ mod tests {
             for (i, o) in outputs.iter().enumerate() {
                 let list = if i < split { &mut flat } else { &mut rest };
                 if o.finish.is_none() && i % 2 == 0 {
-                    list.push_tokens(o.id, o.first_index, &o.tokens);
+                    list.push_tokens(o.id, o.first_index, &o.tokens, &o.logprobs);
                 } else {
                     list.push(o.clone());
                 }

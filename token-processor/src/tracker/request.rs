@@ -87,6 +87,7 @@ impl RequestState {
             usage: None,
             speculate_metrics: None,
             error: None,
+            logprobs: Vec::new(),
         }
     }
 
