@@ -14,6 +14,7 @@ const SOURCE_ROOTS: &[&str] = &[
     "proto",
     "gguf",
     "vocab",
+    "grammar",
     "tests",
 ];
 

@@ -2,7 +2,8 @@
 //! logprob and its top 5 give, with K = 0 and with the default speculation, the same tokens
 //! and logprobs, and those equal a full-vocabulary log-softmax of the CPU backend's logits
 //! computed here from the same weights (the stack's default f16 KV cache, the reference's
-//! too). Chat's shape (`logprobs.content`, bytes, `top_logprobs`) and its stream, whose
+//! too). The same for the prompt's logprobs of an echoed completion (`echo`, `logprobs`,
+//! `max_tokens` 1: what lm-evaluation-harness sends for a log-likelihood). Chat's shape (`logprobs.content`, bytes, `top_logprobs`) and its stream, whose
 //! pieces add up to the whole answer, are checked on the speculating stack.
 
 mod common;
@@ -10,11 +11,10 @@ mod common;
 use std::collections::HashMap;
 
 use common::openai::{complete, stream, MODEL};
+use common::reference::{self, log_softmax};
 use common::stack::{Stack, StackConfig};
-use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
+use engine_worker::backend::cpu::CpuBackend;
 use engine_worker::backend::{Backend, LogitsFor, SeqForward};
-use engine_worker::kv::KvDtype;
-use engine_worker::model::load_gguf;
 use serde_json::{json, Value};
 
 const MAX_TOKENS: usize = 24;
@@ -95,32 +95,81 @@ async fn completion(stack: &Stack, prompt: &[u32]) -> (Vec<Reported>, u64) {
     (reported, accepted)
 }
 
-/// Every golden prompt twice (the second time the suffix proposer drafts from the first's
-/// output, so drafts are accepted).
-async fn completions(config: StackConfig) -> (Vec<Vec<Reported>>, u64) {
+/// An echoed completion of `prompt` with logprobs and one output token: the prompt's tokens
+/// as reported, the first one with no logprob (None) and the rest with theirs.
+async fn echoed(stack: &Stack, prompt: &[u32]) -> Vec<Option<Reported>> {
+    let body = json!({
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0,
+        "echo": true,
+        "logprobs": TOP,
+        "return_tokens_as_token_ids": true,
+    });
+    let (status, resp) = complete(stack.client(), &stack.api("/v1/completions"), &body).await;
+    assert_eq!(status, 200, "{resp}");
+    let lp = &resp["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(
+        tokens.len(),
+        prompt.len() + 1,
+        "prompt and one output token: {lp}"
+    );
+    assert!(
+        lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null(),
+        "{lp}"
+    );
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert!(
+        offsets.windows(2).all(|w| w[0].as_u64() <= w[1].as_u64()),
+        "{lp}"
+    );
+    (0..prompt.len())
+        .map(|i| {
+            let id = token_id(tokens[i].as_str().unwrap());
+            assert_eq!(id, prompt[i], "the echoed tokens are the prompt's");
+            let logprob = lp["token_logprobs"][i].as_f64()?;
+            let top = lp["top_logprobs"][i].as_object().unwrap();
+            Some(Reported {
+                id,
+                logprob,
+                top: top
+                    .iter()
+                    .map(|(name, v)| (token_id(name), v.as_f64().unwrap()))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// What one stack reported: every golden prompt's greedy completion twice (the second time the
+/// suffix proposer drafts from the first's output, so drafts are accepted), the accepted
+/// drafts, and every golden prompt's echoed logprobs.
+struct Runs {
+    generated: Vec<Vec<Reported>>,
+    accepted: u64,
+    echoed: Vec<Vec<Option<Reported>>>,
+}
+
+async fn completions(config: StackConfig) -> Runs {
     let stack = Stack::start(config).await;
-    let mut all = Vec::new();
-    let mut accepted = 0;
+    let mut runs = Runs {
+        generated: Vec::new(),
+        accepted: 0,
+        echoed: Vec::new(),
+    };
     for _ in 0..2 {
         for (_, prompt) in golden_prompts() {
             let (reported, a) = completion(&stack, &prompt).await;
-            all.push(reported);
-            accepted += a;
+            runs.generated.push(reported);
+            runs.accepted += a;
         }
     }
-    (all, accepted)
-}
-
-/// `log_softmax(row)` in f64.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + row
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    row.iter().map(|&x| x as f64 - lse).collect()
+    for (_, prompt) in golden_prompts() {
+        runs.echoed.push(echoed(&stack, &prompt).await);
+    }
+    runs
 }
 
 /// The reference: the CPU backend's logits after the prompt and after each generated token, one
@@ -146,6 +195,25 @@ fn reference_rows(backend: &mut CpuBackend, prompt: &[u32], generated: &[u32]) -
     rows
 }
 
+/// The largest difference of a reported logprob (the token's and its top alternatives') from
+/// the reference row; asserts that the top `TOP` are the reference's where its ranking is clear.
+fn difference_from(what: &str, t: &Reported, row: &[f64]) -> f64 {
+    let mut worst = (t.logprob - row[t.id as usize]).abs();
+    let mut ranked: Vec<usize> = (0..row.len()).collect();
+    ranked.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+    let margin = row[ranked[TOP - 1]] - row[ranked[TOP]];
+    for &id in &ranked[..TOP] {
+        let lp = t.top.get(&(id as u32));
+        if margin > 1e-3 {
+            assert!(lp.is_some(), "{what}: {id} not in the top");
+        }
+        if let Some(lp) = lp {
+            worst = worst.max((lp - row[id]).abs());
+        }
+    }
+    worst
+}
+
 fn max_difference(a: &[Vec<Reported>], b: &[Vec<Reported>]) -> f64 {
     let mut worst: f64 = 0.0;
     for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
@@ -164,53 +232,79 @@ fn max_difference(a: &[Vec<Reported>], b: &[Vec<Reported>]) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn greedy_logprobs_equal_k0_and_the_cpu_reference() {
-    let (plain, _) = completions(StackConfig {
+async fn greedy_and_prompt_logprobs_equal_k0_and_the_cpu_reference() {
+    let plain = completions(StackConfig {
         num_spec_tokens: 0,
         ..StackConfig::default()
     })
     .await;
-    let (spec, accepted) = completions(StackConfig::default()).await;
-    assert!(accepted > 0, "no draft was accepted: nothing was verified");
+    let spec = completions(StackConfig::default()).await;
+    assert!(
+        spec.accepted > 0,
+        "no draft was accepted: nothing was verified"
+    );
     let tokens = |runs: &[Vec<Reported>]| -> Vec<Vec<u32>> {
         runs.iter()
             .map(|r| r.iter().map(|t| t.id).collect())
             .collect()
     };
-    assert_eq!(tokens(&spec), tokens(&plain), "greedy texts differ");
-    let spec_vs_plain = max_difference(&spec, &plain);
-    eprintln!("{accepted} drafts accepted; max |logprob difference| with K=0: {spec_vs_plain:.2e}");
-    assert_eq!(spec, plain, "logprobs with speculation differ from K=0");
+    assert_eq!(
+        tokens(&spec.generated),
+        tokens(&plain.generated),
+        "greedy texts differ"
+    );
+    let spec_vs_plain = max_difference(&spec.generated, &plain.generated);
+    eprintln!(
+        "{} drafts accepted; max |logprob difference| with K=0: {spec_vs_plain:.2e}",
+        spec.accepted
+    );
+    assert_eq!(
+        spec.generated, plain.generated,
+        "logprobs with speculation differ from K=0"
+    );
+    assert_eq!(
+        spec.echoed, plain.echoed,
+        "prompt logprobs with speculation differ from K=0"
+    );
 
-    let model = load_gguf(&common::default_model()).unwrap();
-    let mut options = CpuBackendOptions::new(16);
-    options.kv_dtype = KvDtype::F16;
-    let mut backend = CpuBackend::new(model, options).unwrap();
+    let mut backend = reference::backend();
     let mut worst: f64 = 0.0;
-    for ((name, prompt), reported) in golden_prompts().iter().zip(&plain) {
+    for ((name, prompt), reported) in golden_prompts().iter().zip(&plain.generated) {
         let generated: Vec<u32> = reported.iter().map(|t| t.id).collect();
         let rows = reference_rows(&mut backend, prompt, &generated);
         for (step, (t, row)) in reported.iter().zip(&rows).enumerate() {
-            worst = worst.max((t.logprob - row[t.id as usize]).abs());
-            // The top 5 are the reference's 5 most likely (plus the chosen token).
-            let mut ranked: Vec<usize> = (0..row.len()).collect();
-            ranked.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
-            let margin = row[ranked[TOP - 1]] - row[ranked[TOP]];
-            for &id in &ranked[..TOP] {
-                let lp = t.top.get(&(id as u32));
-                if margin > 1e-3 {
-                    assert!(lp.is_some(), "{name} step {step}: {id} not in the top");
-                }
-                if let Some(lp) = lp {
-                    worst = worst.max((lp - row[id]).abs());
-                }
-            }
+            worst = worst.max(difference_from(&format!("{name} step {step}"), t, row));
         }
     }
     eprintln!("max |logprob - reference log-softmax|: {worst:.2e}");
     assert!(
         worst < 1e-4,
         "logprobs differ from the reference by {worst}"
+    );
+
+    // The prompt's: position i's row of one forward over the whole prompt scores token i + 1.
+    let mut worst: f64 = 0.0;
+    for ((name, prompt), echoed) in golden_prompts().iter().zip(&plain.echoed) {
+        let rows = reference::prompt_rows(&mut backend, prompt);
+        assert!(
+            echoed[0].is_none(),
+            "{name}: the first prompt token has a logprob"
+        );
+        for (i, t) in echoed.iter().enumerate().skip(1) {
+            let t = t
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: token {i} has none"));
+            worst = worst.max(difference_from(
+                &format!("{name} prompt {i}"),
+                t,
+                &rows[i - 1],
+            ));
+        }
+    }
+    eprintln!("max |prompt logprob - reference log-softmax|: {worst:.2e}");
+    assert!(
+        worst < 1e-4,
+        "prompt logprobs differ from the reference by {worst}"
     );
 }
 
@@ -286,4 +380,45 @@ async fn chat_logprobs_have_openai_shape_and_stream_the_same() {
     plain.as_object_mut().unwrap().remove("top_logprobs");
     let (_, resp) = complete(stack.client(), &stack.api("/v1/chat/completions"), &plain).await;
     assert!(resp["choices"][0]["logprobs"].is_null(), "{resp}");
+
+    // An echoed completion streams its prompt first: the pieces add up to the whole answer.
+    let body = json!({
+        "model": MODEL,
+        "prompt": "The three primary colors are",
+        "max_tokens": 6,
+        "temperature": 0,
+        "echo": true,
+        "logprobs": 2,
+    });
+    let (status, whole) = complete(stack.client(), &stack.api("/v1/completions"), &body).await;
+    assert_eq!(status, 200, "{whole}");
+    let text = whole["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("The three primary colors are") && text.len() > 28,
+        "{text:?}"
+    );
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = true.into();
+    let streamed = stream(
+        stack.client(),
+        &stack.api("/v1/completions"),
+        &streamed_body,
+        |_| true,
+    )
+    .await;
+    assert!(streamed.done, "{:?}", streamed.error);
+    let choices = || streamed.chunks.iter().map(|c| &c["choices"][0]);
+    let streamed_text: String = choices().filter_map(|c| c["text"].as_str()).collect();
+    assert_eq!(streamed_text, text);
+    for column in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let pieces: Vec<Value> = choices()
+            .filter_map(|c| c["logprobs"][column].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(
+            &Value::Array(pieces),
+            &whole["choices"][0]["logprobs"][column],
+            "streamed {column} differ from the whole answer's"
+        );
+    }
 }

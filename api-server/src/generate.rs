@@ -58,6 +58,8 @@ pub struct ChoiceRun<R> {
     decoder: IncrementalDecoder,
     /// Present when the request asked for logprobs.
     logprobs: Option<LogprobsState>,
+    /// The prompt, until its text (and logprobs) open the choice's text (`echo`).
+    echo: Option<Vec<u32>>,
     prompt_tokens: u32,
     deadline: Instant,
     timeout_secs: u64,
@@ -85,6 +87,8 @@ struct LogprobsState {
     /// Rendered, for tokens whose text has not been handed out yet.
     ready: Vec<LogprobEntry>,
     text_offset: usize,
+    /// The prompt's, from [`EngineEvent::PromptLogprobs`], until echoed.
+    prompt: Vec<proto::TokenLogprob>,
 }
 
 /// A choice not yet started: its lane submits it when the lane's previous choice ends.
@@ -99,6 +103,7 @@ struct RequestCommon<E> {
     tokenizer: Arc<Tokenizer>,
     stop_strings: Vec<String>,
     token_names: TokenNames,
+    echo: bool,
     deadline: Instant,
     timeout: Duration,
     /// Choices no lane has started yet, in index order.
@@ -120,7 +125,9 @@ impl<E: Engine> RequestCommon<E> {
             incoming: Vec::new(),
             ready: Vec::new(),
             text_offset: 0,
+            prompt: Vec::new(),
         });
+        let echo = self.echo.then(|| choice.request.prompt_token_ids.clone());
         let request = self.engine.submit(choice.request)?;
         Ok(ChoiceRun {
             index: choice.index,
@@ -130,6 +137,7 @@ impl<E: Engine> RequestCommon<E> {
                 self.stop_strings.clone(),
             ),
             logprobs,
+            echo,
             prompt_tokens,
             deadline: self.deadline,
             timeout_secs: self.timeout.as_secs(),
@@ -184,6 +192,7 @@ pub async fn start_choices<E: Engine>(
             true => TokenNames::Ids,
             false => TokenNames::Text,
         },
+        echo: spec.echo,
         deadline,
         timeout,
         pending: Mutex::new(pending),
@@ -293,11 +302,17 @@ impl<R: EngineRequest> ChoiceRun<R> {
                         state.incoming = logprobs;
                     }
                 }
+                EngineEvent::PromptLogprobs(logprobs) => {
+                    if let Some(state) = &mut self.logprobs {
+                        state.prompt = logprobs;
+                    }
+                }
                 EngineEvent::Tokens(tokens) => {
+                    let mut text = self.take_echo();
                     // Stop strings are the worker's decision (it ends the request on the same
                     // token); here they only trim the text.
                     let seen_before = self.decoder.tokens_seen();
-                    let text = self.decoder.push(&tokens);
+                    text.push_str(&self.decoder.push(&tokens));
                     let used = self.decoder.tokens_seen() - seen_before;
                     self.render_logprobs(&tokens[..used]);
                     if !text.is_empty() {
@@ -346,6 +361,28 @@ impl<R: EngineRequest> ChoiceRun<R> {
         state.ready.extend(entries);
     }
 
+    /// The echoed prompt's text, its logprobs rendered ahead of the output's; empty once
+    /// taken or without `echo`.
+    fn take_echo(&mut self) -> String {
+        let Some(prompt) = self.echo.take() else {
+            return String::new();
+        };
+        let tokenizer = self.decoder.tokenizer();
+        if let Some(state) = &mut self.logprobs {
+            let scored = std::mem::take(&mut state.prompt);
+            let entries = logprobs::render_prompt(
+                tokenizer,
+                state.names,
+                &prompt,
+                &scored,
+                &mut state.text_offset,
+            );
+            state.ready.extend(entries);
+        }
+        // Special tokens too: the echo is the prompt as it was sent.
+        tokenizer.decode(&prompt, false)
+    }
+
     fn take_logprobs(&mut self) -> Option<Vec<LogprobEntry>> {
         self.logprobs
             .as_mut()
@@ -357,7 +394,8 @@ impl<R: EngineRequest> ChoiceRun<R> {
         engine_usage: Option<EngineUsage>,
         metrics: Option<SpeculateMetrics>,
     ) -> ChoiceEnd {
-        let text = self.decoder.finish();
+        let mut text = self.take_echo();
+        text.push_str(&self.decoder.finish());
         let stop_reason = self.decoder.matched_stop().map(str::to_owned);
         // When we cut at a stop string, count the tokens we used, not what the engine ran on.
         let completion = match (&stop_reason, &engine_usage) {

@@ -212,7 +212,7 @@ fn cases() -> Vec<Case> {
         completion("logprobs past 20", json!({"logprobs": 21}), bad),
         completion("logprobs negative", json!({"logprobs": -1}), bad),
         completion("logprobs as string", json!({"logprobs": "3"}), bad),
-        completion("echo requested", json!({"echo": true}), bad),
+        completion("echo as string", json!({"echo": "yes"}), schema),
         completion(
             "presence penalty past 2",
             json!({"presence_penalty": 2.5}),

@@ -66,18 +66,30 @@ fn refused() -> Vec<(&'static str, &'static str, Value, &'static str)> {
             "parallel_tool_calls",
         ),
         (
-            "json_object",
-            "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_object"}})),
+            "json_schema that cannot compile",
+            "/v1/completions",
+            completion(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
+            ),
             "response_format",
         ),
         (
-            "json_schema",
-            "/v1/completions",
-            completion(
-                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
-            ),
+            "json_schema without a schema",
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
             "response_format",
+        ),
+        (
+            "response_format with an unknown field",
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object", "schema": {}}})),
+            "response_format",
+        ),
+        (
+            "json_object with ignore_eos",
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}, "ignore_eos": true})),
+            "ignore_eos",
         ),
         (
             "unknown format",
@@ -194,6 +206,15 @@ async fn fields_accepted_without_effect_and_neutral_values_pass() {
         ("user", json!({"user": "u-1"})),
         ("metadata", json!({"metadata": {"team": "search"}})),
         ("text format", json!({"response_format": {"type": "text"}})),
+        (
+            "json_object",
+            json!({"response_format": {"type": "json_object"}}),
+        ),
+        (
+            "json_schema",
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+        ),
         ("tool_choice none", json!({"tool_choice": "none"})),
         (
             "neutral processors",
@@ -259,6 +280,61 @@ async fn penalties_bias_min_p_and_min_tokens_reach_the_engine() {
     let mut bias = p.logit_bias.clone();
     bias.sort_by_key(|e| e.0);
     assert_eq!(bias, vec![(7, 2.5), (504, -100.0)]);
+}
+
+/// `response_format`, and `echo` with `logprobs`, reach the engine as the grammar's schema and
+/// as prompt logprobs.
+#[tokio::test]
+async fn response_format_and_echo_reach_the_engine() {
+    use api_server::engine::{EngineEvent, Finished};
+    use proto::api_worker::StructuredOutput;
+    let finished = || {
+        vec![EngineEvent::Finished(Finished {
+            reason: proto::FinishReason::Stop,
+            usage: None,
+            speculate_metrics: None,
+        })]
+    };
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})),
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"echo": true, "logprobs": 2, "response_format":
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}})),
+        ),
+    ];
+    let mut submitted = Vec::new();
+    for (path, body) in cases {
+        let engine = support::in_process::ScriptedEngine::new(finished(), 64);
+        let response = engine
+            .router()
+            .oneshot(
+                Request::post(path)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        submitted.push(engine.submitted().remove(0).sampling);
+    }
+    assert_eq!(submitted[0].structured, Some(StructuredOutput::JsonObject));
+    assert_eq!(submitted[0].prompt_logprobs, None);
+    let Some(StructuredOutput::JsonSchema(schema)) = &submitted[1].structured else {
+        panic!("{:?}", submitted[1].structured);
+    };
+    assert_eq!(
+        serde_json::from_str::<Value>(schema).unwrap(),
+        json!({"type": "integer"})
+    );
+    assert_eq!(
+        (submitted[1].logprobs, submitted[1].prompt_logprobs),
+        (Some(2), Some(2))
+    );
 }
 
 #[tokio::test]

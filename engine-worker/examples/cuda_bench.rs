@@ -98,6 +98,7 @@ mod bench {
         seed: 0,
         first_position: 0,
         history: engine_worker::sampling::History::EMPTY,
+        masks: &[],
     };
 
     /// One decode measurement: timed steps' wall time and phases, and the tokens they made.

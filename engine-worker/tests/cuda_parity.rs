@@ -409,7 +409,7 @@ fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
         top_p: 0.9,
         top_k: 0,
         seed: Some(3),
-        processors: proto::api_worker::LogitsProcessors::NONE,
+        ..SamplingParams::GREEDY
     };
     // All greedy (decided on the device), then a batch with a sampled request (on the host).
     let greedy = SamplingParams::GREEDY;
@@ -429,6 +429,7 @@ fn cuda_forward_and_verify_chooses_what_the_host_chooses() {
                 seed: 11 + i as u64,
                 first_position: i,
                 history: engine_worker::sampling::History::EMPTY,
+                masks: &[],
             })
             .collect();
         let logits = host_side.forward(&batch).unwrap();

@@ -79,6 +79,8 @@ fn requests(n: usize, seed: u64) -> Vec<(Vec<u32>, u32, SamplingParams)> {
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
     prompts(n, seed)
         .into_iter()

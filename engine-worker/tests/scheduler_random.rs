@@ -53,6 +53,8 @@ fn random_run(seed: u64, k: usize) -> (usize, usize, usize, u64) {
                     seed: Some(next_id),
                     processors: proto::api_worker::LogitsProcessors::NONE,
                     logprobs: None,
+                    prompt_logprobs: None,
+                    structured: None,
                 }
             };
             let max_tokens = rng.gen_range(1..60);

@@ -211,6 +211,8 @@ fn seeded_sampling_with_model_drafters_draws_the_tokens_of_plain_sampling() {
                 seed: Some(i as u64),
                 processors: proto::api_worker::LogitsProcessors::NONE,
                 logprobs: None,
+                prompt_logprobs: None,
+                structured: None,
             };
             (p, 20, sampling)
         })

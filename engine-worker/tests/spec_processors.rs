@@ -57,6 +57,8 @@ fn sampling(temperature: f32, seed: u64, processors: &LogitsProcessors) -> Sampl
         seed: Some(seed),
         processors: processors.clone(),
         logprobs: Some(3),
+        prompt_logprobs: None,
+        structured: None,
     }
 }
 

@@ -23,6 +23,8 @@ fn speculative_sampling_matches_the_target_distribution() {
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
     // A repetitive prompt so the n-gram proposer drafts on every step.
     let prompt = vec![1, 2, 3, 1, 2, 3, 1, 2];

@@ -281,6 +281,8 @@ fn seeded_sampling_draws_the_tokens_of_plain_sampling_whatever_is_drafted() {
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
     let reqs: Vec<_> = all[..12]
         .iter()
@@ -325,6 +327,8 @@ fn logits_processors_keep_speculation_lossless() {
             seed: Some(seed),
             processors: processors.clone(),
             logprobs: None,
+            prompt_logprobs: None,
+            structured: None,
         };
         let golden: Vec<_> = prompts().into_iter().take(4).collect();
         let reqs_with = |processors: &proto::api_worker::LogitsProcessors| -> Vec<_> {

@@ -169,6 +169,8 @@ fn preemption_does_not_change_tokens_or_acceptance() {
         seed: Some(5),
         processors: proto::api_worker::LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
     reqs.extend(prompts(4, 3).into_iter().map(|p| (p, 60, seeded.clone())));
     let (roomy, none) = run(4, 16, 4096, &reqs);
@@ -191,6 +193,8 @@ fn seeded_sampling_is_reproducible_and_batch_invariant() {
         seed: Some(seed),
         processors: proto::api_worker::LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
     let reqs: Vec<_> = prompts(8, 4)
         .into_iter()

@@ -31,6 +31,22 @@ pub struct SamplingParams {
     /// `Some(n)`: every emitted token comes with its logprob and the `n` most likely tokens'
     /// (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS)); `None`: no logprobs.
     pub logprobs: Option<u8>,
+    /// `Some(n)`: every prompt token after the first comes with its logprob under the model
+    /// (raw logits, no processors) and the `n` most likely tokens' at its position, as vLLM's
+    /// `prompt_logprobs` (what completions' `echo` with `logprobs` reports); such a prompt does
+    /// not reuse the prefix cache, whose positions have no logits. `None`: none.
+    pub prompt_logprobs: Option<u8>,
+    /// What the output must be (OpenAI's `response_format`); `None`: free text.
+    pub structured: Option<StructuredOutput>,
+}
+
+/// A constraint on a request's output: every token is chosen among those that keep it valid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StructuredOutput {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching this JSON schema (its text, at most 64 KiB).
+    JsonSchema(String),
 }
 
 impl SamplingParams {
@@ -41,6 +57,8 @@ impl SamplingParams {
         seed: None,
         processors: LogitsProcessors::NONE,
         logprobs: None,
+        prompt_logprobs: None,
+        structured: None,
     };
 }
 

@@ -30,7 +30,7 @@ pub use metrics::SpeculateMetrics;
 pub use types::{FinishReason, RequestId, TokenLogprob, MAX_TOP_LOGPROBS};
 
 /// Version of the wire protocol; bump on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Fails with [`ProtoError::VersionMismatch`] unless the peer speaks [`PROTOCOL_VERSION`].
 pub fn check_version(peer: &str, peer_version: u32) -> Result<(), ProtoError> {

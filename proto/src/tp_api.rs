@@ -65,6 +65,9 @@ pub struct RequestOutput {
     pub error: Option<OutputError>,
     /// One per token of `tokens` when the request asked for logprobs, else empty.
     pub logprobs: Vec<TokenLogprob>,
+    /// With the request's first tokens (`first_index` 0), when it asked for prompt logprobs:
+    /// one per prompt token after the first. Else empty.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

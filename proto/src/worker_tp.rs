@@ -244,6 +244,9 @@ pub struct StepBatch {
     pub starts: Vec<RequestStart>,
     /// The logprobs of the rows whose requests asked for them, in row order.
     pub logprobs: Vec<RowLogprobs>,
+    /// The prompt logprobs of prefill rows whose requests asked for them (one per prompt token
+    /// after the first), in row order.
+    pub prompt_logprobs: Vec<RowLogprobs>,
 }
 
 /// The logprobs of one row's tokens, one per token.
@@ -265,6 +268,9 @@ pub struct StepRow<'a> {
     pub finish: Option<FinishReason>,
     /// One per token when the request asked for logprobs, else empty.
     pub logprobs: &'a [TokenLogprob],
+    /// On a prefill row whose request asked for prompt logprobs, one per prompt token after
+    /// the first; else empty.
+    pub prompt_logprobs: &'a [TokenLogprob],
 }
 
 impl StepBatch {
@@ -292,6 +298,12 @@ impl StepBatch {
             self.logprobs.push(RowLogprobs {
                 row: self.ids.len() as u32,
                 tokens: row.logprobs.to_vec(),
+            });
+        }
+        if !row.prompt_logprobs.is_empty() {
+            self.prompt_logprobs.push(RowLogprobs {
+                row: self.ids.len() as u32,
+                tokens: row.prompt_logprobs.to_vec(),
             });
         }
         self.ids.push(row.id);
@@ -353,28 +365,25 @@ impl StepBatch {
     }
 
     fn validate_logprobs(&self) -> Result<(), ProtoError> {
-        let mut next_row = 0;
+        check_logprob_rows(&self.logprobs, self.ids.len())?;
         for entry in &self.logprobs {
             let row = entry.row as usize;
-            if row < next_row || row >= self.ids.len() {
-                return Err(ProtoError::InvalidBatch(
-                    "logprob rows out of order or past the rows",
-                ));
-            }
-            next_row = row + 1;
             let tokens = (self.token_offsets[row + 1] - self.token_offsets[row]) as usize;
             if entry.tokens.len() != tokens {
                 return Err(ProtoError::InvalidBatch(
                     "a row's logprobs do not match its tokens",
                 ));
             }
-            if entry
-                .tokens
-                .iter()
-                .any(|t| t.top.len() > usize::from(MAX_TOP_LOGPROBS))
-            {
-                return Err(ProtoError::InvalidBatch("more top logprobs than allowed"));
-            }
+        }
+        check_logprob_rows(&self.prompt_logprobs, self.ids.len())?;
+        if self
+            .prompt_logprobs
+            .iter()
+            .any(|entry| self.flags[entry.row as usize] & FLAG_PREFILL == 0)
+        {
+            return Err(ProtoError::InvalidBatch(
+                "prompt logprobs on a row that is not a prefill",
+            ));
         }
         Ok(())
     }
@@ -382,8 +391,12 @@ impl StepBatch {
     /// Rows of a batch that passed [`validate`](Self::validate).
     pub fn rows(&self) -> impl ExactSizeIterator<Item = StepRow<'_>> + '_ {
         let mut logprobs = self.logprobs.iter().peekable();
+        let mut prompt_logprobs = self.prompt_logprobs.iter().peekable();
         (0..self.ids.len()).map(move |i| {
             let row_logprobs = logprobs
+                .next_if(|entry| entry.row as usize == i)
+                .map_or(&[][..], |entry| &entry.tokens[..]);
+            let row_prompt_logprobs = prompt_logprobs
                 .next_if(|entry| entry.row as usize == i)
                 .map_or(&[][..], |entry| &entry.tokens[..]);
             let (lo, hi) = (
@@ -399,9 +412,32 @@ impl StepBatch {
                 preempted: self.flags[i] & FLAG_PREEMPTED != 0,
                 finish: FinishReason::from_code(self.finish[i]).flatten(),
                 logprobs: row_logprobs,
+                prompt_logprobs: row_prompt_logprobs,
             }
         })
     }
+}
+
+/// Rows in increasing order, each one present, and no more top logprobs than allowed.
+fn check_logprob_rows(entries: &[RowLogprobs], rows: usize) -> Result<(), ProtoError> {
+    let mut next_row = 0;
+    for entry in entries {
+        let row = entry.row as usize;
+        if row < next_row || row >= rows {
+            return Err(ProtoError::InvalidBatch(
+                "logprob rows out of order or past the rows",
+            ));
+        }
+        next_row = row + 1;
+        if entry
+            .tokens
+            .iter()
+            .any(|t| t.top.len() > usize::from(MAX_TOP_LOGPROBS))
+        {
+            return Err(ProtoError::InvalidBatch("more top logprobs than allowed"));
+        }
+    }
+    Ok(())
 }
 
 /// One in-flight request as its worker knows it, for a token-processor that (re)connected.
@@ -427,6 +463,9 @@ pub struct ResyncRequest {
     pub finish: u8,
     /// One per output token when the request asked for logprobs, else empty.
     pub logprobs: Vec<TokenLogprob>,
+    /// One per prompt token after the first once prefilled, when the request asked for prompt
+    /// logprobs; else empty.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// Sent right after [`WorkerHello`] on every (re)connect, and whenever an api-server reports

@@ -245,7 +245,23 @@ fn step_batch_validation_rejects_inconsistent_columns() {
     let mut b = good.clone();
     b.logprobs.push(b.logprobs[0].clone());
     assert!(b.validate(8).is_err(), "a row twice");
-    let mut b = good;
+    let mut b = good.clone();
     b.logprobs[0].tokens[0].top = vec![(1, -1.0); 21];
+    assert!(b.validate(8).is_err());
+
+    // Prompt logprobs: only on prefill rows, rows in order and in range, at most 20 each.
+    let rows: Vec<_> = good.rows().map(|r| r.prompt_logprobs.len()).collect();
+    assert_eq!(rows, [11, 0, 0, 0]);
+    let mut b = good.clone();
+    b.prompt_logprobs[0].row = 1;
+    assert!(b.validate(8).is_err(), "prompt logprobs on a verify row");
+    let mut b = good.clone();
+    b.prompt_logprobs[0].row = 4;
+    assert!(b.validate(8).is_err());
+    let mut b = good.clone();
+    b.prompt_logprobs.push(b.prompt_logprobs[0].clone());
+    assert!(b.validate(8).is_err(), "a row twice");
+    let mut b = good;
+    b.prompt_logprobs[0].tokens[3].top = vec![(1, -1.0); 21];
     assert!(b.validate(8).is_err());
 }

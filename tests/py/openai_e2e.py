@@ -2,11 +2,15 @@
 
 Usage: openai_e2e.py --base-url http://127.0.0.1:PORT/v1 --metrics-url http://127.0.0.1:PORT/metrics
                      --golden-dir ../shared/golden/smollm2 --num-spec-tokens K
+                     [--dump-logprobs PATH]
 
 Checks completions, chat, streaming (with usage), n=2, stop strings and error statuses, and that
 each request's `speculate_metrics` (read from the raw JSON the server sent) equals what the
-token-processor's Prometheus counters gained during that request. Exits non-zero on the first
-failed check.
+token-processor's Prometheus counters gained during that request; logprobs as evaluation
+harnesses ask for them (lm-evaluation-harness's `local-completions` log-likelihood request: the
+prompt as token ids, `echo=True`, `logprobs=1`, `max_tokens=1`) and as chat clients do. With
+`--dump-logprobs` it writes the log-likelihood request's prompt and logprobs there, for the
+caller to compare with a reference. Exits non-zero on the first failed check.
 """
 
 import argparse
@@ -70,12 +74,47 @@ def check_against_tp(before, after, m, what):
         check(delta == m[field], f"{what}: {field} {m[field]} equals the token-processor's +{delta}")
 
 
+def check_logprobs(client, model, golden, dump):
+    # lm-evaluation-harness's log-likelihood request: context + continuation as token ids.
+    prompt = golden["prompt_ids"] + golden["greedy_ids"][:4]
+    r = client.completions.create(
+        model=model, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=1, seed=1234,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    lp = r.choices[0].logprobs
+    check(len(lp.tokens) == len(prompt) + 1, "echo: the prompt's tokens and one output token")
+    check([int(t.split(":")[1]) for t in lp.tokens[: len(prompt)]] == prompt, "echo: tokens are the prompt's")
+    check(lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, "echo: the first prompt token has null logprobs")
+    check(all(x <= 0.0 for x in lp.token_logprobs[1:]), "echo: every other logprob is <= 0")
+    check(all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:]), "echo: one alternative, plus the chosen token")
+    if dump:
+        pathlib.Path(dump).write_text(json.dumps({
+            "prompt": prompt, "token_logprobs": lp.token_logprobs, "top_logprobs": lp.top_logprobs,
+        }))
+
+    # The same as text: the echo starts with the prompt, special tokens included.
+    r = client.completions.create(model=model, prompt=golden["prompt"], max_tokens=4, temperature=0, echo=True)
+    check(r.choices[0].text.startswith(golden["prompt"]) and len(r.choices[0].text) > len(golden["prompt"]),
+          "echo: the text is the prompt, then the completion")
+
+    # Chat: each output token's logprob and its top alternatives.
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=8, temperature=0, logprobs=True, top_logprobs=2,
+    )
+    content = r.choices[0].logprobs.content
+    check(len(content) == r.usage.completion_tokens, "chat logprobs: one per output token")
+    check(all(len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token for c in content),
+          "chat logprobs: greedy tokens lead their top 2")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--metrics-url", required=True)
     ap.add_argument("--golden-dir", required=True)
     ap.add_argument("--num-spec-tokens", type=int, required=True)
+    ap.add_argument("--dump-logprobs")
     args = ap.parse_args()
     k = args.num_spec_tokens
     golden = json.loads((pathlib.Path(args.golden_dir) / "capital.json").read_text())
@@ -158,6 +197,8 @@ def main():
     r = client.completions.create(model=model, prompt=golden["prompt"], max_tokens=24, temperature=0, stop=[" Paris"])
     check(r.choices[0].text == want[: want.index(" Paris")], f"stop string cut: {r.choices[0].text!r}")
     check(r.choices[0].finish_reason == "stop", "stop string finishes with stop")
+
+    check_logprobs(client, model, golden, args.dump_logprobs)
 
     # Errors arrive as the client's typed exceptions.
     try:

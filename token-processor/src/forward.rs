@@ -407,6 +407,7 @@ mod tests {
             speculate_metrics: None,
             error: None,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         });
         list
     }

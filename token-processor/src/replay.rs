@@ -271,6 +271,7 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
             preempted: event.kind == EventKind::Preempted,
             finish: event.finish,
             logprobs: &[],
+            prompt_logprobs: &[],
         });
     }
     if !batch.is_empty() {

@@ -134,6 +134,7 @@ impl Synth {
                 preempted: false,
                 finish,
                 logprobs: &[],
+                prompt_logprobs: &[],
             });
             if finish.is_some() {
                 self.finished += 1;

@@ -201,6 +201,7 @@ fn batch(epoch: u64, seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> Work
             preempted: false,
             finish,
             logprobs: &[],
+            prompt_logprobs: &[],
         });
     }
     WorkerToTp::Step(b)

@@ -175,6 +175,7 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                     preempted: false,
                     finish: None,
                     logprobs: &[],
+                    prompt_logprobs: &[],
                 };
                 if !sim.prefilled {
                     sim.prefilled = true;

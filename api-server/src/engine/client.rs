@@ -258,7 +258,10 @@ impl EngineRequest for RequestHandle {
             Some(event) => event,
             None => EngineEvent::Failed(EngineFailure::Dropped),
         };
-        if !matches!(event, EngineEvent::Tokens(_) | EngineEvent::Logprobs(_)) {
+        if !matches!(
+            event,
+            EngineEvent::Tokens(_) | EngineEvent::Logprobs(_) | EngineEvent::PromptLogprobs(_)
+        ) {
             self.done = true;
             // Gone already unless the channel closed under us.
             if let Some(worker) = lock(&self.shared.registry).remove(self.id) {

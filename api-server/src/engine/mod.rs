@@ -191,6 +191,9 @@ pub enum EngineEvent {
     /// The logprobs of the tokens of the next [`Tokens`](Self::Tokens), one per token (only
     /// for requests that asked for them).
     Logprobs(Vec<proto::TokenLogprob>),
+    /// The prompt's logprobs, one per prompt token after the first, before the first
+    /// [`Tokens`](Self::Tokens) (only for requests that asked for them).
+    PromptLogprobs(Vec<proto::TokenLogprob>),
     Finished(Finished),
     Failed(EngineFailure),
 }

@@ -179,6 +179,15 @@ impl Registry {
         let skip = (entry.delivered - out.first_index) as usize;
         if skip < out.tokens.len() {
             let fresh = out.tokens[skip..].to_vec();
+            // Once, with the first tokens (a replay from token 0 carries them again).
+            let prompt_logprobs = (entry.delivered == 0 && !out.prompt_logprobs.is_empty())
+                .then_some(out.prompt_logprobs);
+            if prompt_logprobs
+                .is_some_and(|l| entry.tx.try_send(EngineEvent::PromptLogprobs(l)).is_err())
+            {
+                self.remove(out.id);
+                return Dispatch::Dropped { worker };
+            }
             entry.delivered = out.first_index + out.tokens.len() as u32;
             entry.last_progress = Instant::now();
             let logprobs = out.logprobs.get(skip..).filter(|l| !l.is_empty());
@@ -246,6 +255,7 @@ mod tests {
             speculate_metrics: None,
             error: None,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         }
     }
 

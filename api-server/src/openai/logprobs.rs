@@ -28,6 +28,9 @@ pub struct LogprobEntry {
     pub chosen: TokenInfo,
     pub top: Vec<TokenInfo>,
     pub text_offset: usize,
+    /// False for an echoed prompt's first token, which nothing before it predicts: its
+    /// logprob and alternatives are written as null.
+    pub scored: bool,
 }
 
 /// How tokens are named: by their text, or as `token_id:<id>` (vLLM's
@@ -73,11 +76,39 @@ pub fn render(
                     .collect(),
                 text_offset: *text_offset,
                 chosen,
+                scored: true,
             };
             *text_offset += String::from_utf8_lossy(&entry.chosen.bytes).chars().count();
             entry
         })
         .collect()
+}
+
+/// An echoed prompt's entries: its first token unscored, then one per `logprobs` entry (the
+/// engine's prompt logprobs, one per prompt token after the first). Advances `text_offset` as
+/// [`render`] does.
+pub fn render_prompt(
+    tokenizer: &Tokenizer,
+    names: TokenNames,
+    prompt: &[u32],
+    logprobs: &[TokenLogprob],
+    text_offset: &mut usize,
+) -> Vec<LogprobEntry> {
+    let Some((&first, rest)) = prompt.split_first() else {
+        return Vec::new();
+    };
+    // Its logprob is never written (`scored` is false).
+    let first = info(tokenizer, names, first, 0.0);
+    let entry = LogprobEntry {
+        text_offset: *text_offset,
+        chosen: first,
+        top: Vec::new(),
+        scored: false,
+    };
+    *text_offset += String::from_utf8_lossy(&entry.chosen.bytes).chars().count();
+    let mut entries = vec![entry];
+    entries.extend(render(tokenizer, names, rest, logprobs, text_offset));
+    entries
 }
 
 /// Chat's `logprobs`: `{"content": [...]}`.
@@ -126,10 +157,12 @@ impl ChatLogprobs {
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionLogprobs {
     pub text_offset: Vec<usize>,
-    pub token_logprobs: Vec<f32>,
+    /// Null for an echoed prompt's first token.
+    pub token_logprobs: Vec<Option<f32>>,
     pub tokens: Vec<String>,
-    /// Per token, the chosen token and the `logprobs` most likely ones, by text.
-    pub top_logprobs: Vec<TopMap>,
+    /// Per token, the chosen token and the `logprobs` most likely ones, by text; null for an
+    /// echoed prompt's first token.
+    pub top_logprobs: Vec<Option<TopMap>>,
 }
 
 /// `{token text: logprob}` in the order the engine ranked them (a token whose text repeats one
@@ -151,6 +184,9 @@ impl Serialize for TopMap {
 impl CompletionLogprobs {
     pub fn new(entries: &[LogprobEntry]) -> Self {
         let top = |e: &LogprobEntry| {
+            if !e.scored {
+                return None;
+            }
             let mut seen = BTreeMap::new();
             let mut list = Vec::with_capacity(e.top.len() + 1);
             for t in e.top.iter().chain([&e.chosen]) {
@@ -158,11 +194,13 @@ impl CompletionLogprobs {
                     list.push((t.token.clone(), t.logprob));
                 }
             }
-            TopMap(list)
+            Some(TopMap(list))
         };
         Self {
             text_offset: entries.iter().map(|e| e.text_offset).collect(),
-            token_logprobs: entries.iter().map(|e| e.chosen.logprob).collect(),
+            token_logprobs: (entries.iter())
+                .map(|e| e.scored.then_some(e.chosen.logprob))
+                .collect(),
             tokens: entries.iter().map(|e| e.chosen.token.clone()).collect(),
             top_logprobs: entries.iter().map(top).collect(),
         }
@@ -183,6 +221,7 @@ mod tests {
             chosen: info(token, logprob),
             top: top.iter().map(|&(t, l)| info(t, l)).collect(),
             text_offset: offset,
+            scored: true,
         }
     }
 
@@ -204,6 +243,15 @@ mod tests {
             serde_json::json!({"text_offset": [3, 5], "token_logprobs": [-0.5, -2.0],
                 "tokens": [" a", "!"],
                 "top_logprobs": [{" a": -0.5, " b": -1.0}, {" c": -0.25, "!": -2.0}]})
+        );
+        // An echoed prompt's first token: nothing predicts it.
+        let mut first = entry("Hi", 0.0, &[], 0);
+        first.scored = false;
+        let completion = serde_json::to_value(CompletionLogprobs::new(&[first])).unwrap();
+        assert_eq!(
+            completion,
+            serde_json::json!({"text_offset": [0], "token_logprobs": [null],
+                "tokens": ["Hi"], "top_logprobs": [null]})
         );
     }
 }

@@ -1,7 +1,8 @@
 //! Turns a parsed request into engine parameters, rejecting every value the engine cannot honour
 //! with a 400 that names the field.
 
-use proto::api_worker::{LogitsProcessors, SamplingParams, StopConditions};
+use grammar::Constraint;
+use proto::api_worker::{LogitsProcessors, SamplingParams, StopConditions, StructuredOutput};
 
 use serde_json::Value;
 
@@ -60,6 +61,9 @@ pub struct GenerateSpec {
     pub include_usage: bool,
     /// Logprobs name tokens as `token_id:<id>` (vLLM's `return_tokens_as_token_ids`).
     pub tokens_as_ids: bool,
+    /// Each choice's text starts with its prompt's (completions' `echo`), and its logprobs
+    /// with the prompt's when it asked for logprobs.
+    pub echo: bool,
 }
 
 /// `max_tokens` when the request gives none.
@@ -340,6 +344,7 @@ pub fn generate_spec(
         stream,
         include_usage,
         tokens_as_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
+        echo: false,
     })
 }
 
@@ -391,7 +396,13 @@ fn sampling_params(
     )?;
     let top_p = finite_in("top_p", fields.top_p, |p| p > 0.0 && p <= 1.0, "in (0, 1]")?;
     let processors = logits_processors(fields, tokenizer)?;
-    response_format(fields.response_format.as_ref())?;
+    let structured = response_format(fields.response_format.as_ref(), tokenizer)?;
+    if structured.is_some() && fields.ignore_eos == Some(true) {
+        return Err(ApiError::invalid(
+            "ignore_eos",
+            "ignore_eos cannot be combined with a JSON response_format, which ends at EOS",
+        ));
+    }
     metadata(fields.metadata.as_ref())?;
     let top_k = match fields.top_k {
         None | Some(-1) | Some(0) => 0,
@@ -410,6 +421,8 @@ fn sampling_params(
         seed: fields.seed.map(|s| s as u64),
         processors,
         logprobs: None,
+        prompt_logprobs: None,
+        structured,
     })
 }
 
@@ -518,22 +531,76 @@ fn logit_bias(bias: Option<&Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f
         .collect()
 }
 
-/// `response_format`: plain text is what the engine makes; structured output is refused rather
-/// than answered with free text.
-fn response_format(format: Option<&Value>) -> Result<(), ApiError> {
-    let kind = match format {
-        None | Some(Value::Null) => return Ok(()),
-        Some(value) => value.get("type").and_then(Value::as_str),
+/// `response_format`: `text` (free), `json_object` (any JSON object) or `json_schema`
+/// (`{"name", "schema", "strict"}`: JSON matching `schema`; `strict` is accepted either way, as
+/// the schema is always enforced). A schema the grammar engine cannot compile is a 400 naming
+/// why, here rather than after admission.
+fn response_format(
+    format: Option<&Value>,
+    tokenizer: &Tokenizer,
+) -> Result<Option<StructuredOutput>, ApiError> {
+    let invalid = |message: String| ApiError::invalid("response_format", message);
+    let format = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(format)) => format,
+        Some(_) => return Err(invalid("response_format must be an object".into())),
     };
-    match kind {
-        Some("text") => Ok(()),
-        Some("json_object" | "json_schema") => Err(ApiError::invalid(
-            "response_format",
-            "structured output (json_object, json_schema) is not supported yet",
-        )),
-        _ => Err(ApiError::invalid(
-            "response_format",
-            "response_format.type must be text, json_object or json_schema",
+    let known = ["type", "json_schema"];
+    if let Some(field) = format.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(invalid(format!("unknown field response_format.{field}")));
+    }
+    let structured = match format.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => StructuredOutput::JsonObject,
+        Some("json_schema") => {
+            StructuredOutput::JsonSchema(json_schema(format.get("json_schema"))?)
+        }
+        _ => {
+            return Err(invalid(
+                "response_format.type must be text, json_object or json_schema".into(),
+            ))
+        }
+    };
+    let constraint = match &structured {
+        StructuredOutput::JsonObject => Constraint::JsonObject,
+        StructuredOutput::JsonSchema(schema) => Constraint::JsonSchema(schema.clone()),
+    };
+    let compiler = tokenizer
+        .grammars()
+        .ok_or_else(|| invalid("structured output is not available for this model".into()))?;
+    compiler
+        .compile(&constraint)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(Some(structured))
+}
+
+/// `response_format.json_schema`: the schema's text.
+fn json_schema(spec: Option<&Value>) -> Result<String, ApiError> {
+    let invalid = |message: &str| ApiError::invalid("response_format", message.to_string());
+    let Some(Value::Object(spec)) = spec else {
+        return Err(invalid("response_format.json_schema must be an object"));
+    };
+    let known = ["name", "description", "schema", "strict"];
+    if let Some(field) = spec.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(invalid(&format!(
+            "unknown field response_format.json_schema.{field}"
+        )));
+    }
+    if spec.get("name").is_some_and(|n| !n.is_string()) {
+        return Err(invalid("response_format.json_schema.name must be a string"));
+    }
+    if spec
+        .get("strict")
+        .is_some_and(|s| !s.is_boolean() && !s.is_null())
+    {
+        return Err(invalid(
+            "response_format.json_schema.strict must be a boolean",
+        ));
+    }
+    match spec.get("schema") {
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(schema.to_string()),
+        _ => Err(invalid(
+            "response_format.json_schema.schema must be a JSON schema object",
         )),
     }
 }

@@ -17,9 +17,6 @@ const DEFAULT_MAX_TOKENS: u32 = 16;
 
 fn unsupported_fields(req: &CompletionRequest) -> Result<(), ApiError> {
     refuse_unknown(&req.unknown, "")?;
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
     if req.suffix.as_ref().is_some_and(|s| !s.is_null()) {
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
@@ -63,6 +60,11 @@ impl Flavour for Completions {
             limits,
         )?;
         spec.sampling.logprobs = logprobs;
+        spec.echo = req.echo.unwrap_or(false);
+        if spec.echo {
+            // The prompt's logprobs, with as many alternatives as the output's.
+            spec.sampling.prompt_logprobs = logprobs;
+        }
         Ok(spec)
     }
 

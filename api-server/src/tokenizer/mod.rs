@@ -19,6 +19,8 @@ pub struct Tokenizer {
     bos_id: Option<u32>,
     eos_id: Option<u32>,
     bos_policy: BosPolicy,
+    /// Built on the first structured-output request (indexing the vocabulary takes a while).
+    grammars: std::sync::OnceLock<Option<grammar::Compiler>>,
 }
 
 /// How a completion prompt gets its BOS token.
@@ -45,7 +47,24 @@ impl Tokenizer {
             bos_id,
             eos_id,
             bos_policy,
+            grammars: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Compiles `response_format` constraints over this vocabulary, to refuse a schema that
+    /// cannot be served before the request is admitted (the worker compiles its own). None for
+    /// a model without an end-of-sequence token.
+    pub fn grammars(&self) -> Option<&grammar::Compiler> {
+        self.grammars
+            .get_or_init(|| {
+                let eos = self.eos_id?;
+                grammar::Compiler::new(&self.token_bytes, self.token_bytes.len(), eos)
+                    .inspect_err(|error| {
+                        tracing::warn!(%error, "structured output is off for this vocabulary")
+                    })
+                    .ok()
+            })
+            .as_ref()
     }
 
     pub fn vocab_size(&self) -> usize {

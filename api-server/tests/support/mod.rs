@@ -332,6 +332,7 @@ fn output(add: &AddRequest, first_index: u32, tokens: Vec<u32>) -> RequestOutput
         speculate_metrics: None,
         error: None,
         logprobs: Vec::new(),
+        prompt_logprobs: Vec::new(),
     }
 }
 

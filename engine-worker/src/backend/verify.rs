@@ -6,8 +6,9 @@ use proto::api_worker::SamplingParams;
 
 use super::SeqForward;
 use crate::sampling::History;
-use crate::spec::{verify, Verdict};
+use crate::spec::{verify_masked, Verdict};
 use crate::EngineError;
+use grammar::Mask;
 
 /// How one sequence of a forward picks its tokens from its logits rows.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +20,9 @@ pub struct TokenChoice<'a> {
     pub first_position: usize,
     /// What the request's logits processors count (its prompt and output so far).
     pub history: History<'a>,
+    /// Per row, the tokens the request's grammar allows there (empty without a grammar; see
+    /// [`verify_masked`]).
+    pub masks: &'a [Mask],
 }
 
 impl TokenChoice<'_> {
@@ -28,6 +32,7 @@ impl TokenChoice<'_> {
         crate::sampling::is_greedy(self.sampling)
             && !self.sampling.processors.changes_logits()
             && self.sampling.logprobs.is_none()
+            && self.masks.is_empty()
     }
 }
 
@@ -54,7 +59,7 @@ pub fn verify_on_host(
         .map(|(seq, choice)| {
             let rows = &logits[offset..offset + seq.logit_rows() * vocab];
             offset += rows.len();
-            verify(
+            verify_masked(
                 rows,
                 vocab,
                 seq.drafts(),
@@ -62,6 +67,7 @@ pub fn verify_on_host(
                 choice.seed,
                 choice.first_position,
                 &choice.history,
+                choice.masks,
             )
         })
         .collect();
@@ -122,6 +128,7 @@ mod tests {
             seed: 0,
             first_position: 0,
             history: History::EMPTY,
+            masks: &[],
         };
         let verdicts = verify_on_host(&logits, vocab, &seqs, &[choice, choice]).unwrap();
         assert_eq!(

@@ -26,6 +26,7 @@ const GREEDY_CHOICE: TokenChoice<'static> = TokenChoice {
     seed: 0,
     first_position: 0,
     history: crate::sampling::History::EMPTY,
+    masks: &[],
 };
 
 /// Token counts measured: doublings from 1 up to the most a verify step carries and, where the

@@ -120,6 +120,14 @@ pub fn validate_request(
             proto::MAX_TOP_LOGPROBS
         ));
     }
+    if s.prompt_logprobs
+        .is_some_and(|n| n > proto::MAX_TOP_LOGPROBS)
+    {
+        return invalid(format!(
+            "prompt_logprobs asks for more than {} alternatives",
+            proto::MAX_TOP_LOGPROBS
+        ));
+    }
     if !req.stop.stop_strings.is_empty() && !has_token_bytes {
         return invalid("stop strings need the model's vocabulary, which this model lacks".into());
     }

@@ -6,9 +6,11 @@ use proto::{FinishReason, RequestId};
 
 use super::calibrate::{calibrate, calibrate_draft};
 use super::config::{validate_request, EngineConfig, ProposerKind};
+use super::prompt_logprobs::compute_prompt_logprobs;
 use super::retained::{RetainBounds, Retained};
 use super::rows::{RowKind, RowOut, StartInfo};
 use super::stop::StopRules;
+use super::structured;
 use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
 use crate::kv::{BlockAllocator, BlockTable};
 use crate::sampling::History;
@@ -51,6 +53,8 @@ pub struct Engine<B: Backend> {
     pending: Vec<(RowOut, Option<Sequence>)>,
     /// Finished requests whose final output their api-server has not acknowledged yet.
     retained: Retained,
+    /// Compiles requests' `response_format` over the vocabulary (None without one).
+    grammars: Option<grammar::Compiler>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -123,6 +127,8 @@ impl<B: Backend> Engine<B> {
         );
         let proposer = (cfg.num_spec_tokens > 0 && drafter.is_none()).then(|| build_proposer(&cfg));
         let eos_token_ids = backend.config().eos_token_ids.clone();
+        let grammars =
+            structured::compiler(vocab.as_ref(), backend.config().vocab_size, &eos_token_ids);
         Ok(Self {
             backend,
             scheduler,
@@ -134,6 +140,7 @@ impl<B: Backend> Engine<B> {
             eos_token_ids,
             pending: Vec::new(),
             retained: Retained::new(RetainBounds::default()),
+            grammars,
         })
     }
 
@@ -287,6 +294,13 @@ impl<B: Backend> Engine<B> {
         if self.scheduler.waiting().len() >= self.cfg.max_waiting {
             return Err(RejectReason::Overloaded);
         }
+        let grammar = match &req.sampling.structured {
+            Some(structured) => Some(Box::new(
+                structured::compile(self.grammars.as_ref(), structured)
+                    .map_err(RejectReason::Invalid)?,
+            )),
+            None => None,
+        };
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
         let stop_ids = stop_ids(&self.eos_token_ids, &req.stop);
         self.scheduler.add(Sequence {
@@ -312,6 +326,8 @@ impl<B: Backend> Engine<B> {
             announced: false,
             output_bytes: Vec::new(),
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
+            grammar,
         });
         Ok(())
     }
@@ -361,6 +377,7 @@ impl<B: Backend> Engine<B> {
             kind: RowKind::Abort,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
             drafted: 0,
             accepted: 0,
             finish: Some(finish),
@@ -410,6 +427,7 @@ impl<B: Backend> Engine<B> {
                 kind: RowKind::Preempted,
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
                 drafted: 0,
                 accepted: 0,
                 finish: None,
@@ -554,17 +572,28 @@ impl<B: Backend> Engine<B> {
     /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
     /// running sequence its verdict.
     fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
+        compute_prompt_logprobs(&mut self.backend, self.scheduler.running_mut())?;
         // Before drafting: early exit reads the target's cache of every position but the last.
         recompute_resumed(&mut self.backend, self.scheduler.running())?;
         let planning = std::time::Instant::now();
-        let planned = self.plan_drafts()?;
+        let mut planned = self.plan_drafts()?;
+        let max_drafts: Vec<usize> = (self.scheduler.running().iter())
+            .map(|s| self.scheduler.max_drafts(s))
+            .collect();
+        let masks = structured::step_masks(
+            self.scheduler.running_mut(),
+            &mut planned,
+            self.drafter.is_none(),
+            &max_drafts,
+        );
         let plan_us = planning.elapsed().as_micros() as u64;
         let running = self.scheduler.running();
         let chunks = verify_chunks(running, &planned);
         let forwards = step_forwards(running, &chunks);
         let choices: Vec<TokenChoice<'_>> = running
             .iter()
-            .map(|s| TokenChoice {
+            .zip(&masks)
+            .map(|(s, masks)| TokenChoice {
                 sampling: &s.sampling,
                 seed: s.seed,
                 first_position: s.num_generated(),
@@ -573,6 +602,7 @@ impl<B: Backend> Engine<B> {
                     prompt_len: s.prompt_len,
                     stop_ids: &s.stop_ids,
                 },
+                masks,
             })
             .collect();
         let started = std::time::Instant::now();
@@ -658,14 +688,20 @@ impl<B: Backend> Engine<B> {
             }
             seq.prefilled = true;
             let new_tokens = seq.tokens[seq.len() - appended..].to_vec();
+            structured::advance(seq, &new_tokens);
             // A stop condition may cut the step's tokens short: their logprobs go with them.
             logprobs.truncate(appended);
             seq.logprobs.extend_from_slice(&logprobs);
+            let prompt_logprobs = match kind {
+                RowKind::Prefill => seq.prompt_logprobs.clone(),
+                _ => Vec::new(),
+            };
             rows.push(RowOut {
                 id: seq.id,
                 kind,
                 tokens: new_tokens,
                 logprobs,
+                prompt_logprobs,
                 drafted: drafted as u8,
                 accepted: accepted as u8,
                 finish,
@@ -799,6 +835,7 @@ fn resync_of(s: &Sequence, finish: Option<FinishReason>) -> ResyncRequest {
         accepted: s.accepted.clone(),
         finish: finish.map_or(0, FinishReason::code),
         logprobs: s.logprobs.clone(),
+        prompt_logprobs: s.prompt_logprobs.clone(),
     }
 }
 

@@ -4,9 +4,11 @@
 mod calibrate;
 mod config;
 mod driver;
+mod prompt_logprobs;
 mod retained;
 mod rows;
 mod stop;
+mod structured;
 
 pub use config::{EngineConfig, ProposerKind};
 pub use driver::Engine;

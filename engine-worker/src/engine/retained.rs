@@ -46,7 +46,10 @@ pub struct Retained {
 
 /// What one retained request costs: its tokens, its history and a fixed overhead.
 fn cost(r: &ResyncRequest) -> usize {
-    let logprobs: usize = r.logprobs.iter().map(proto::TokenLogprob::heap_bytes).sum();
+    let logprobs: usize = (r.logprobs.iter())
+        .chain(&r.prompt_logprobs)
+        .map(proto::TokenLogprob::heap_bytes)
+        .sum();
     r.tokens.len() * 4 + logprobs + r.drafted.len() + r.accepted.len() + r.owner.len() + 96
 }
 
@@ -210,6 +213,7 @@ mod tests {
             accepted: vec![1; tokens / 2],
             finish: 1,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         }
     }
 

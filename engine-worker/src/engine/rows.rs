@@ -32,6 +32,9 @@ pub struct RowOut {
     pub tokens: Vec<u32>,
     /// One per token when the request asked for logprobs, else empty.
     pub logprobs: Vec<TokenLogprob>,
+    /// On a prefill row whose request asked for prompt logprobs, one per prompt token after
+    /// the first; else empty.
+    pub prompt_logprobs: Vec<TokenLogprob>,
     pub drafted: u8,
     pub accepted: u8,
     pub finish: Option<FinishReason>,
@@ -60,6 +63,7 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
             preempted: row.kind == RowKind::Preempted,
             finish: row.finish,
             logprobs: &row.logprobs,
+            prompt_logprobs: &row.prompt_logprobs,
         });
     }
     batch

@@ -122,6 +122,8 @@ mod tests {
             seed: None,
             processors: proto::api_worker::LogitsProcessors::NONE,
             logprobs: None,
+            prompt_logprobs: None,
+            structured: None,
         }
     }
 

@@ -129,6 +129,10 @@ impl Scheduler {
         if !self.cfg.prefix_caching || !seq.blocks.is_empty() {
             return Vec::new();
         }
+        // Prompt logprobs need a logits row at every prompt position: compute them all.
+        if !seq.prefilled && seq.sampling.prompt_logprobs.is_some() {
+            return Vec::new();
+        }
         let reusable = if seq.prefilled {
             seq.len() - 1
         } else {

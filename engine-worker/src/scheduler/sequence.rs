@@ -43,6 +43,11 @@ pub struct Sequence {
     pub output_bytes: Vec<u8>,
     /// One per output token when the request asked for logprobs (a resync sends them again).
     pub logprobs: Vec<proto::TokenLogprob>,
+    /// One per prompt token after the first, once prefilled, when the request asked for
+    /// prompt logprobs (a resync sends them again).
+    pub prompt_logprobs: Vec<proto::TokenLogprob>,
+    /// Where the output is in the request's `response_format`, when it has one.
+    pub grammar: Option<Box<grammar::Grammar>>,
 }
 
 /// What a scheduled sequence runs this step.

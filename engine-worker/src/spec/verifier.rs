@@ -14,6 +14,7 @@
 //! decoding without speculation for the same seed, whatever was drafted. Greedy and sampled
 //! output are therefore both independent of the drafting policy and of the load it follows.
 
+use grammar::Mask;
 use proto::api_worker::SamplingParams;
 use proto::TokenLogprob;
 
@@ -62,6 +63,33 @@ pub fn verify(
     first_position: usize,
     history: &History<'_>,
 ) -> Verdict {
+    verify_masked(
+        logits,
+        vocab,
+        drafts,
+        params,
+        seed,
+        first_position,
+        history,
+        &[],
+    )
+}
+
+/// [`verify`] under a grammar: row `i`'s tokens outside `masks[i]` are ruled out, after the
+/// processors. `masks` has a row for every draft the grammar allows and the one after the last
+/// of them (a draft it rules out cannot be the row's choice, so no later row is read); empty
+/// when the request has no grammar.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_masked(
+    logits: &[f32],
+    vocab: usize,
+    drafts: &[u32],
+    params: &SamplingParams,
+    seed: u64,
+    first_position: usize,
+    history: &History<'_>,
+    masks: &[Mask],
+) -> Verdict {
     debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
     let mut processing = Processing::new(&params.processors, history);
     let mut processed = Vec::new();
@@ -70,14 +98,20 @@ pub fn verify(
     let mut logprobs = Vec::new();
     for i in 0..=drafts.len() {
         let raw = &logits[i * vocab..(i + 1) * vocab];
-        let row = match &processing {
-            Some(state) => {
+        let mask = masks.get(i);
+        let row = match (&processing, mask) {
+            (None, None) => raw,
+            (state, mask) => {
                 processed.clear();
                 processed.extend_from_slice(raw);
-                state.apply(&mut processed);
+                if let Some(state) = state {
+                    state.apply(&mut processed);
+                }
+                if let Some(mask) = mask {
+                    mask.apply(&mut processed);
+                }
                 &processed[..]
             }
-            None => raw,
         };
         let target = match greedy {
             true => argmax(row),
@@ -108,6 +142,7 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grammar::Mask;
 
     const GREEDY: SamplingParams = SamplingParams::GREEDY;
 
@@ -139,6 +174,8 @@ mod tests {
             seed: Some(1),
             processors: proto::api_worker::LogitsProcessors::NONE,
             logprobs: None,
+            prompt_logprobs: None,
+            structured: None,
         };
         let logits = one_hot_rows(&[3, 1], 8);
         let v = verify(&logits, 8, &[3], &params, 5, 0, &History::EMPTY);
@@ -160,6 +197,8 @@ mod tests {
             seed: Some(4),
             processors: proto::api_worker::LogitsProcessors::NONE,
             logprobs: None,
+            prompt_logprobs: None,
+            structured: None,
         };
         for position in 0..50 {
             let plain = Distribution::new(&row, &params).sample(&mut position_rng(4, position));
@@ -183,6 +222,8 @@ mod tests {
             seed: Some(3),
             processors: proto::api_worker::LogitsProcessors::NONE,
             logprobs: None,
+            prompt_logprobs: None,
+            structured: None,
         };
         let (mut accepted_some, mut rejected_some) = (false, false);
         for trial in 0..400 {
@@ -297,5 +338,26 @@ mod tests {
             let v = verify(&logits, vocab, &wrong, &params, 0, 0, &history);
             assert_eq!(v.logprobs, expected[..2]);
         }
+    }
+
+    /// A grammar's masks rule tokens out row by row: the row's choice is the best allowed
+    /// token, so a draft the mask rules out is rejected there and no later row is read; the
+    /// logprobs are those of the masked row.
+    #[test]
+    fn masks_constrain_each_row_and_end_the_drafts_they_rule_out() {
+        let logits = one_hot_rows(&[3, 1, 4], 8);
+        let masks = [Mask::only(3), Mask::only(5)];
+        let mut params = GREEDY;
+        params.logprobs = Some(1);
+        let v = verify_masked(&logits, 8, &[3, 1], &params, 0, 0, &History::EMPTY, &masks);
+        assert_eq!((v.drafted, v.accepted, &v.tokens[..]), (2, 1, &[3, 5][..]));
+        assert_eq!(
+            v.logprobs[1].logprob, 0.0,
+            "the only allowed token is certain"
+        );
+        assert_eq!(v.logprobs[1].top, vec![(5, 0.0)]);
+        // Without masks the same drafts are judged by the logits alone.
+        let v = verify(&logits, 8, &[3, 1], &params, 0, 0, &History::EMPTY);
+        assert_eq!((v.accepted, v.tokens), (2, vec![3, 1, 4]));
     }
 }

@@ -54,6 +54,13 @@ pub fn heartbeat() -> Heartbeat {
 }
 
 pub fn step_batch() -> StepBatch {
+    // Row 0 is a prefill of a 12-token prompt that asked for prompt logprobs: 11 of them.
+    let prompt_logprobs: Vec<TokenLogprob> = (1..=11)
+        .map(|i| TokenLogprob {
+            logprob: -(i as f32) / 8.0,
+            top: vec![(100 + i, -0.0625)],
+        })
+        .collect();
     let mut b = StepBatch::new("worker-0".into(), 1_764_460_000_123, 41);
     b.push(StepRow {
         id: 7,
@@ -64,6 +71,7 @@ pub fn step_batch() -> StepBatch {
         preempted: false,
         finish: None,
         logprobs: &[],
+        prompt_logprobs: &prompt_logprobs,
     });
     b.starts.push(RequestStart {
         row: 0,
@@ -94,6 +102,7 @@ pub fn step_batch() -> StepBatch {
                 top: vec![(1, 0.0), (2, f32::NEG_INFINITY)],
             },
         ],
+        prompt_logprobs: &[],
     });
     b.push(StepRow {
         id: 11,
@@ -104,6 +113,7 @@ pub fn step_batch() -> StepBatch {
         preempted: true,
         finish: None,
         logprobs: &[],
+        prompt_logprobs: &[],
     });
     b.push(StepRow {
         id: 12,
@@ -114,6 +124,7 @@ pub fn step_batch() -> StepBatch {
         preempted: false,
         finish: Some(FinishReason::Stop),
         logprobs: &[],
+        prompt_logprobs: &[],
     });
     b
 }
@@ -140,6 +151,12 @@ pub fn resync() -> Resync {
                     top: vec![(i, -0.5)],
                 })
                 .collect(),
+            prompt_logprobs: (1..30)
+                .map(|i| TokenLogprob {
+                    logprob: -(i as f32) / 16.0,
+                    top: Vec::new(),
+                })
+                .collect(),
         }],
     }
 }
@@ -162,6 +179,10 @@ pub fn add_request() -> AddRequest {
                 logit_bias: vec![(504, -100.0), (7, 2.5)],
             },
             logprobs: Some(5),
+            prompt_logprobs: Some(1),
+            structured: Some(proto::api_worker::StructuredOutput::JsonSchema(
+                r#"{"type": "object", "required": ["name"]}"#.into(),
+            )),
         },
         stop: StopConditions {
             stop_token_ids: vec![2],
@@ -212,6 +233,7 @@ pub fn outputs() -> Vec<RequestOutput> {
                     top: vec![],
                 },
             ],
+            prompt_logprobs: Vec::new(),
         },
         RequestOutput {
             id: 12,
@@ -226,6 +248,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             speculate_metrics: Some(Box::new(speculate_metrics())),
             error: None,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         },
         RequestOutput {
             id: 13,
@@ -243,6 +266,27 @@ pub fn outputs() -> Vec<RequestOutput> {
                 message: "worker worker-0 missed its heartbeats".into(),
             }),
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
+        },
+        RequestOutput {
+            id: 14,
+            first_index: 0,
+            tokens: vec![30],
+            finish: None,
+            usage: None,
+            speculate_metrics: None,
+            error: None,
+            logprobs: Vec::new(),
+            prompt_logprobs: vec![
+                TokenLogprob {
+                    logprob: -4.25,
+                    top: vec![(17, -0.5)],
+                },
+                TokenLogprob {
+                    logprob: -0.5,
+                    top: vec![(30, -0.5)],
+                },
+            ],
         },
     ]
 }

@@ -64,6 +64,7 @@ impl B {
             preempted: false,
             finish: None,
             logprobs: &[],
+            prompt_logprobs: &[],
         });
         self
     }
@@ -78,6 +79,7 @@ impl B {
             preempted: false,
             finish,
             logprobs: &[],
+            prompt_logprobs: &[],
         });
         self
     }
@@ -352,6 +354,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 accepted: vec![2, 1, 0],
                 finish: 0,
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
             },
             // Request 5 we never heard of (e.g. we restarted).
             ResyncRequest {
@@ -366,6 +369,7 @@ fn resync_is_authoritative_and_replays_every_token() {
                 accepted: vec![0],
                 finish: 0,
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
             },
         ],
     };
@@ -597,6 +601,7 @@ fn finished_request(
         accepted: steps.iter().map(|s| s.1).collect(),
         finish: FinishReason::Stop.code(),
         logprobs: Vec::new(),
+        prompt_logprobs: Vec::new(),
     }
 }
 

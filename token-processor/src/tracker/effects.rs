@@ -71,6 +71,13 @@ impl Outbox {
             .push_tokens(id, first_index, tokens, logprobs);
     }
 
+    /// Attaches prompt logprobs to the output just pushed for `owner`.
+    pub fn attach_prompt_logprobs(&mut self, owner: &Arc<str>, prompt: &[proto::TokenLogprob]) {
+        if !prompt.is_empty() {
+            self.list(owner).attach_prompt_logprobs(prompt);
+        }
+    }
+
     /// Expect about `n` more outputs per owner.
     pub fn expect(&mut self, n: usize) {
         self.capacity_hint = n;

@@ -174,11 +174,13 @@ impl Tracker {
                             row.tokens,
                             row.logprobs,
                         );
+                        out.attach_prompt_logprobs(&state.owner, row.prompt_logprobs);
                     }
                 }
                 Some(reason) => {
                     let mut output = state.tokens_output(row.id, row.tokens.to_vec());
                     output.logprobs = row.logprobs.to_vec();
+                    output.prompt_logprobs = row.prompt_logprobs.to_vec();
                     state.finalize(&mut output, reason, worker_failure(reason), speculating);
                     obs.count_finish(reason);
                     obs.e2e_s.extend(state.age_s(now));
@@ -332,6 +334,7 @@ impl Tracker {
         rewind_deliveries(&mut state, req, now, obs);
         let mut output = state.tokens_output(req.id, req.tokens.clone());
         output.logprobs = req.logprobs.clone();
+        output.prompt_logprobs = req.prompt_logprobs.clone();
         let owner = state.owner.clone();
         match finish {
             None => {
@@ -488,15 +491,18 @@ fn empty_output(id: RequestId) -> RequestOutput {
         speculate_metrics: None,
         error: None,
         logprobs: Vec::new(),
+        prompt_logprobs: Vec::new(),
     }
 }
 
-/// A resync's logprobs are one per token, or absent (the request did not ask for them).
+/// A resync's logprobs are one per token, or absent (the request did not ask for them); its
+/// prompt logprobs one per prompt token after the first, or absent.
 fn logprobs_fit(req: &ResyncRequest) -> bool {
+    let prompt_scored = req.prompt_tokens.saturating_sub(1) as usize;
     (req.logprobs.is_empty() || req.logprobs.len() == req.tokens.len())
-        && req
-            .logprobs
-            .iter()
+        && (req.prompt_logprobs.is_empty() || req.prompt_logprobs.len() == prompt_scored)
+        && (req.logprobs.iter())
+            .chain(&req.prompt_logprobs)
             .all(|t| t.top.len() <= usize::from(proto::MAX_TOP_LOGPROBS))
 }
 

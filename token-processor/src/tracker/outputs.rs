@@ -22,8 +22,16 @@ struct OutRow {
     end: u32,
     /// Finish, usage, figures, error: only on a request's last output.
     tail: Option<Box<OutputTail>>,
-    /// One per token, only for requests that asked for logprobs.
-    logprobs: Option<Box<[TokenLogprob]>>,
+    /// Only for requests that asked for logprobs or prompt logprobs.
+    logprobs: Option<Box<OutLogprobs>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+struct OutLogprobs {
+    /// One per token.
+    generated: Vec<TokenLogprob>,
+    /// One per prompt token after the first, on a request's first output.
+    prompt: Vec<TokenLogprob>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,8 +76,23 @@ impl OwnerOutputs {
             start,
             end: self.tokens.len() as u32,
             tail: None,
-            logprobs: (!logprobs.is_empty()).then(|| logprobs.into()),
+            logprobs: (!logprobs.is_empty()).then(|| {
+                Box::new(OutLogprobs {
+                    generated: logprobs.to_vec(),
+                    prompt: Vec::new(),
+                })
+            }),
         });
+    }
+
+    /// Attaches a request's prompt logprobs to the output just pushed (its first).
+    pub fn attach_prompt_logprobs(&mut self, prompt: &[TokenLogprob]) {
+        if prompt.is_empty() {
+            return;
+        }
+        if let Some(row) = self.rows.last_mut() {
+            row.logprobs.get_or_insert_default().prompt = prompt.to_vec();
+        }
     }
 
     pub fn push(&mut self, output: RequestOutput) {
@@ -82,8 +105,10 @@ impl OwnerOutputs {
             speculate_metrics,
             error,
             logprobs,
+            prompt_logprobs,
         } = output;
         self.push_tokens(id, first_index, &tokens, &logprobs);
+        self.attach_prompt_logprobs(&prompt_logprobs);
         if finish.is_some() || usage.is_some() || speculate_metrics.is_some() || error.is_some() {
             let row = self.rows.last_mut().expect("just pushed");
             row.tail = Some(Box::new(OutputTail {
@@ -123,8 +148,13 @@ impl OwnerOutputs {
                     error: tail.and_then(|t| t.error.clone()),
                     logprobs: row
                         .logprobs
-                        .as_deref()
-                        .map(<[_]>::to_vec)
+                        .as_ref()
+                        .map(|l| l.generated.clone())
+                        .unwrap_or_default(),
+                    prompt_logprobs: row
+                        .logprobs
+                        .as_ref()
+                        .map(|l| l.prompt.clone())
                         .unwrap_or_default(),
                 }
             })
@@ -144,8 +174,8 @@ pub fn encode_outputs_message(outputs: &OwnerOutputs) -> Result<Vec<u8>, proto::
     buf.extend_from_slice(b"Outputs");
     write_array_len(&mut buf, outputs.rows.len());
     for row in &outputs.rows {
-        // RequestOutput as an 8-element array (structs travel as arrays).
-        buf.push(0x98);
+        // RequestOutput as a 9-element array (structs travel as arrays).
+        buf.push(0x99);
         write_uint(&mut buf, row.id);
         write_uint(&mut buf, u64::from(row.first_index));
         let tokens = &outputs.tokens[row.start as usize..row.end as usize];
@@ -164,8 +194,12 @@ pub fn encode_outputs_message(outputs: &OwnerOutputs) -> Result<Vec<u8>, proto::
             }
         }
         match row.logprobs.as_deref() {
-            None => buf.push(0x90),
-            Some(logprobs) => buf.extend(proto::encode(&logprobs)?),
+            // logprobs, prompt_logprobs: both empty.
+            None => buf.extend_from_slice(&[0x90; 2]),
+            Some(logprobs) => {
+                buf.extend(proto::encode(&logprobs.generated)?);
+                buf.extend(proto::encode(&logprobs.prompt)?);
+            }
         }
     }
     if buf.len() > proto::MAX_FRAME_BYTES {
@@ -237,7 +271,16 @@ mod tests {
             speculate_metrics: None,
             error: None,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         };
+        if rng.next_u64().is_multiple_of(5) {
+            output.prompt_logprobs = (0..1 + rng.next_u64() % 30)
+                .map(|i| TokenLogprob {
+                    logprob: -(i as f32) / 3.0,
+                    top: vec![(width(rng) as u32, -0.5)],
+                })
+                .collect();
+        }
         if rng.next_u64().is_multiple_of(3) {
             output.logprobs = (0..n)
                 .map(|_| TokenLogprob {
@@ -286,6 +329,7 @@ mod tests {
                 let list = if i < split { &mut flat } else { &mut rest };
                 if o.finish.is_none() && i % 2 == 0 {
                     list.push_tokens(o.id, o.first_index, &o.tokens, &o.logprobs);
+                    list.attach_prompt_logprobs(&o.prompt_logprobs);
                 } else {
                     list.push(o.clone());
                 }

@@ -88,6 +88,7 @@ impl RequestState {
             speculate_metrics: None,
             error: None,
             logprobs: Vec::new(),
+            prompt_logprobs: Vec::new(),
         }
     }
 

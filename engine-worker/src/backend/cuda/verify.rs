@@ -105,11 +105,12 @@ impl VerifyLayout {
             .map(|i| {
                 let accepted = out[self.o_acc + i] as usize;
                 let base = i * (self.max_drafts + 1);
-                Verdict {
-                    drafted: seqs[i].drafts().len(),
+                // Only plain greedy choices run here: no logprobs to report.
+                Verdict::new(
+                    seqs[i].drafts().len(),
                     accepted,
-                    tokens: out[base..base + accepted + 1].to_vec(),
-                }
+                    out[base..base + accepted + 1].to_vec(),
+                )
             })
             .collect()
     }
