@@ -8,20 +8,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
+use common::python;
 use common::stack::{Stack, StackConfig};
-
-fn python() -> PathBuf {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} missing: run scripts/setup-python.sh (scripts/test.sh does)",
-        py.display()
-    );
-    py
-}
 
 /// One stack at a time: each runs the model on the machine's cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -36,53 +24,34 @@ struct Dump {
 
 async fn run_client(num_spec_tokens: u32) -> Dump {
     let _serial = SERIAL.lock().await;
-    let python = python();
     let stack = Stack::start(StackConfig {
         num_spec_tokens,
         ..StackConfig::default()
     })
     .await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_e2e.py");
     let golden = common::shared_dir().join("golden/smollm2");
-    let base = stack.api("/v1");
-    let metrics = stack.metrics_url();
-    let k = num_spec_tokens.to_string();
-    let dump = std::env::temp_dir().join(format!(
-        "specula-openai-e2e-{}-k{k}.json",
-        std::process::id()
-    ));
-    let dump_arg = dump.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .args([
-                "--base-url",
-                &base,
-                "--metrics-url",
-                &metrics,
-                "--num-spec-tokens",
-                &k,
-            ])
-            .arg("--golden-dir")
-            .arg(golden)
-            .arg("--dump-logprobs")
-            .arg(dump_arg)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump = python::dump_path(&format!("openai-e2e-k{num_spec_tokens}"));
+    let args = vec![
+        "--base-url".to_owned(),
+        stack.api("/v1"),
+        "--metrics-url".to_owned(),
+        stack.metrics_url(),
+        "--num-spec-tokens".to_owned(),
+        num_spec_tokens.to_string(),
+        "--golden-dir".to_owned(),
+        golden.display().to_string(),
+        "--dump-logprobs".to_owned(),
+        dump.display().to_string(),
+    ];
+    let out = python::run("openai_e2e.py", args).await;
     assert!(
-        out.status.success(),
-        "openai client checks failed (K={num_spec_tokens}):\n{stdout}\n{stderr}\napi-server log:\n{}",
+        out.success && out.stdout.contains("all checks passed"),
+        "openai client checks failed (K={num_spec_tokens}):\n{}\n{}\napi-server log:\n{}",
+        out.stdout,
+        out.stderr,
         stack.log(common::stack::Proc::ApiServer)
     );
-    assert!(stdout.contains("all checks passed"));
-    let text = std::fs::read_to_string(&dump).unwrap();
-    let _ = std::fs::remove_file(&dump);
-    serde_json::from_str(&text).unwrap()
+    python::take_dump(&dump)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,20 +7,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
+use common::python;
 use common::stack::{Proc, Stack, StackConfig};
-
-fn python() -> PathBuf {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} missing: run scripts/setup-python.sh (scripts/test.sh does)",
-        py.display()
-    );
-    py
-}
 
 /// Runs the client against a fresh stack with `num_spec_tokens`; returns every output text.
 async fn run(num_spec_tokens: u32) -> Vec<String> {
@@ -29,33 +17,23 @@ async fn run(num_spec_tokens: u32) -> Vec<String> {
         ..StackConfig::default()
     })
     .await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/structured_output.py");
-    let dump = std::env::temp_dir().join(format!(
-        "specula-structured-{}-k{num_spec_tokens}.json",
-        std::process::id()
-    ));
-    let (base, dump_arg) = (stack.api("/v1"), dump.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args(["--base-url", &base, "--dump"])
-            .arg(dump_arg)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("K={num_spec_tokens}: {stdout}");
+    let dump = python::dump_path(&format!("structured-k{num_spec_tokens}"));
+    let args = vec![
+        "--base-url".to_owned(),
+        stack.api("/v1"),
+        "--dump".to_owned(),
+        dump.display().to_string(),
+    ];
+    let out = python::run("structured_output.py", args).await;
+    eprintln!("K={num_spec_tokens}: {}", out.stdout);
     assert!(
-        out.status.success() && stdout.contains("all 50 schemas validated"),
-        "structured output checks failed (K={num_spec_tokens}):\n{stdout}\n{stderr}\napi-server log:\n{}",
+        out.success && out.stdout.contains("all 50 schemas validated"),
+        "structured output checks failed (K={num_spec_tokens}):\n{}\n{}\napi-server log:\n{}",
+        out.stdout,
+        out.stderr,
         stack.log(Proc::ApiServer)
     );
-    let texts = std::fs::read_to_string(&dump).unwrap();
-    let _ = std::fs::remove_file(&dump);
-    serde_json::from_str(&texts).unwrap()
+    python::take_dump(&dump)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 async fn post(path: &str, body: Value) -> (StatusCode, Value) {
-    let app = support::offline_router(None);
+    post_to(support::offline_router(None), path, body).await
+}
+
+async fn post_to(app: axum::Router, path: &str, body: Value) -> (StatusCode, Value) {
     let response = app
         .oneshot(
             Request::post(path)
@@ -309,17 +312,8 @@ async fn response_format_and_echo_reach_the_engine() {
     let mut submitted = Vec::new();
     for (path, body) in cases {
         let engine = support::in_process::ScriptedEngine::new(finished(), 64);
-        let response = engine
-            .router()
-            .oneshot(
-                Request::post(path)
-                    .header("content-type", "application/json")
-                    .body(Body::from(body.to_string()))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
+        let app = engine.router();
+        assert_eq!(post_to(app, path, body).await.0, StatusCode::OK);
         submitted.push(engine.submitted().remove(0).sampling);
     }
     assert_eq!(submitted[0].structured, Some(StructuredOutput::JsonObject));
@@ -334,6 +328,41 @@ async fn response_format_and_echo_reach_the_engine() {
     assert_eq!(
         (submitted[1].logprobs, submitted[1].prompt_logprobs),
         (Some(2), Some(2))
+    );
+}
+
+/// `bad_words` reach the engine tokenized, alone and after a space.
+#[tokio::test]
+async fn bad_words_reach_the_engine_as_token_sequences() {
+    use api_server::engine::{EngineEvent, Finished};
+    let engine = support::in_process::ScriptedEngine::new(
+        vec![EngineEvent::Finished(Finished {
+            reason: proto::FinishReason::Stop,
+            usage: None,
+            speculate_metrics: None,
+        })],
+        64,
+    );
+    let body = completion(json!({"bad_words": ["Paris", " London"]}));
+    assert_eq!(
+        post_to(engine.router(), "/v1/completions", body).await.0,
+        StatusCode::OK
+    );
+    let words = engine.submitted().remove(0).sampling.processors.bad_words;
+    let model = support::load_model();
+    let tokenizer = &model.tokenizer;
+    let mut expected = Vec::new();
+    for text in ["Paris", " Paris", "London", " London"] {
+        let ids = tokenizer.encode(text).unwrap();
+        if !expected.contains(&ids) {
+            expected.push(ids);
+        }
+    }
+    assert_eq!(words, expected);
+    let (status, v) = post("/v1/completions", completion(json!({"bad_words": [""]}))).await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (StatusCode::BAD_REQUEST, &json!("bad_words"))
     );
 }
 

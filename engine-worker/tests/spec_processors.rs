@@ -84,6 +84,11 @@ fn settings(eos: u32, frequent: u32) -> Vec<(&'static str, LogitsProcessors, boo
             true,
         ),
         ("min_tokens", with(&|p| p.min_tokens = 30), true),
+        (
+            "bad words",
+            with(&|p| p.bad_words = vec![vec![frequent], vec![5, 6], vec![1, 2, 3]]),
+            true,
+        ),
         ("min_p", with(&|p| p.min_p = 0.3), false),
         (
             "all together",

@@ -18,6 +18,10 @@ fn compiler() -> (Compiler, Vec<String>) {
     (Compiler::new(&bytes, texts.len(), eos).unwrap(), texts)
 }
 
+/// An object with exactly one boolean field, `name`.
+const NAME_FLAG: &str = r#"{"type": "object", "properties": {"name": {"type": "boolean"}},
+    "required": ["name"], "additionalProperties": false}"#;
+
 fn ids(texts: &[String], pieces: &[&str]) -> Vec<u32> {
     pieces
         .iter()
@@ -51,10 +55,8 @@ fn a_json_object_starts_with_a_brace_and_ends_with_eos() {
 #[test]
 fn draft_masks_follow_the_drafts_the_grammar_allows_and_leave_the_state() {
     let (compiler, texts) = compiler();
-    let schema = r#"{"type": "object", "properties": {"name": {"type": "boolean"}},
-        "required": ["name"], "additionalProperties": false}"#;
     let mut g = compiler
-        .compile(&Constraint::JsonSchema(schema.into()))
+        .compile(&Constraint::JsonSchema(NAME_FLAG.into()))
         .unwrap();
     let good = ids(&texts, &["{\"", "name", "\": ", "true", "}"]);
     let masks = g.draft_masks(&good).unwrap();
@@ -75,10 +77,8 @@ fn draft_masks_follow_the_drafts_the_grammar_allows_and_leave_the_state() {
 #[test]
 fn forced_text_is_drafted() {
     let (compiler, texts) = compiler();
-    let schema = r#"{"type": "object", "properties": {"name": {"type": "boolean"}},
-        "required": ["name"], "additionalProperties": false}"#;
     let mut g = compiler
-        .compile(&Constraint::JsonSchema(schema.into()))
+        .compile(&Constraint::JsonSchema(NAME_FLAG.into()))
         .unwrap();
     // The only object this schema allows starts `{"name": `.
     let forced = g.forced();

@@ -62,6 +62,12 @@ impl SamplingParams {
     };
 }
 
+/// Most `bad_words` sequences a request may carry (each word counts twice: with and without a
+/// leading space).
+pub const MAX_BAD_WORDS: usize = 128;
+/// Most tokens one `bad_words` sequence may have.
+pub const MAX_BAD_WORD_TOKENS: usize = 32;
+
 /// Logits processors with vLLM's meanings. [`LogitsProcessors::NONE`] changes nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogitsProcessors {
@@ -80,6 +86,9 @@ pub struct LogitsProcessors {
     pub min_tokens: u32,
     /// Added to the listed tokens' logits, `(token id, bias)`.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Token sequences the output must not contain (vLLM's `bad_words`, tokenized): the last
+    /// token of one is ruled out wherever the output ends with the rest of it.
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl LogitsProcessors {
@@ -90,6 +99,7 @@ impl LogitsProcessors {
         min_p: 0.0,
         min_tokens: 0,
         logit_bias: Vec::new(),
+        bad_words: Vec::new(),
     };
 
     /// Whether any processor changes the logits (min_p acts later, on the distribution).
@@ -99,6 +109,7 @@ impl LogitsProcessors {
             || self.repetition_penalty != 1.0
             || self.min_tokens > 0
             || !self.logit_bias.is_empty()
+            || !self.bad_words.is_empty()
     }
 }
 
@@ -132,6 +143,9 @@ pub struct Abort {
 /// Most request ids in one [`ApiToWorker::Probe`].
 pub const MAX_PROBE_IDS: usize = 1024;
 
+// Requests are what this link carries; a box would cost each one an allocation to save the
+// space of a decoded hello or abort, which live for a moment.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ApiToWorker {
     Hello(ApiHello),

@@ -55,6 +55,8 @@ pub struct SamplingFields {
     pub min_p: Option<f64>,
     pub min_tokens: Option<i64>,
     pub logit_bias: Option<Value>,
+    /// vLLM extension: words the output must not contain.
+    pub bad_words: Option<Vec<String>>,
     pub response_format: Option<Value>,
     /// Accepted without effect on the output (OpenAI's stored-completion tags).
     pub metadata: Option<Value>,

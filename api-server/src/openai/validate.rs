@@ -474,7 +474,44 @@ fn logits_processors(
         min_p,
         min_tokens,
         logit_bias: logit_bias(fields.logit_bias.as_ref(), tokenizer)?,
+        bad_words: bad_words(fields.bad_words.as_deref(), tokenizer)?,
     })
+}
+
+/// `bad_words` (vLLM's): each word as its tokens, alone and after a space (so it is ruled out
+/// at the start of the text and inside it); the engine rules out a sequence's last token
+/// wherever the output ends with the rest.
+fn bad_words(words: Option<&[String]>, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    use proto::api_worker::{MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS};
+    let mut sequences: Vec<Vec<u32>> = Vec::new();
+    for word in words.unwrap_or_default() {
+        let word = word.trim_start();
+        if word.is_empty() {
+            return Err(ApiError::invalid(
+                "bad_words",
+                "bad_words must not be empty strings",
+            ));
+        }
+        for text in [word.to_owned(), format!(" {word}")] {
+            let ids = tokenizer.encode(&text)?;
+            if ids.len() > MAX_BAD_WORD_TOKENS {
+                return Err(ApiError::invalid(
+                    "bad_words",
+                    format!("a bad word is at most {MAX_BAD_WORD_TOKENS} tokens"),
+                ));
+            }
+            if !ids.is_empty() && !sequences.contains(&ids) {
+                sequences.push(ids);
+            }
+        }
+    }
+    if sequences.len() > MAX_BAD_WORDS {
+        return Err(ApiError::invalid(
+            "bad_words",
+            format!("bad_words tokenize to more than {MAX_BAD_WORDS} sequences"),
+        ));
+    }
+    Ok(sequences)
 }
 
 fn stop_list_given(stop: &Option<StopInput>) -> bool {

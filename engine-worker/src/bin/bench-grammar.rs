@@ -2,7 +2,9 @@
 //! vocabulary. Per schema, the compile time and, walking a valid document token by token (in
 //! the vocabulary's longest tokens), the time to compute each position's mask, and how many
 //! positions the schema forces (a single allowed token: drafted for free). Output: one Markdown
-//! table row per schema.
+//! table row per schema. With `--features outlines`, outlines-core's index is built for the
+//! same schemas and vocabulary and timed beside it (its construction, then its per-position
+//! lookups while walking the same documents).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -112,5 +114,65 @@ fn main() -> anyhow::Result<()> {
             tokens.len()
         );
     }
+    #[cfg(feature = "outlines")]
+    outlines::compare(&vocab, model.config.vocab_size, eos, &compiler)?;
     Ok(())
+}
+
+#[cfg(feature = "outlines")]
+mod outlines {
+    use std::time::Instant;
+
+    use outlines_core::prelude::{Index, Vocabulary};
+
+    use super::CASES;
+
+    /// outlines-core: the index over schema and vocabulary is built before the first token;
+    /// each position then costs a lookup.
+    pub fn compare(
+        tokens: &vocab::TokenBytes,
+        vocab_size: usize,
+        eos: u32,
+        compiler: &grammar::Compiler,
+    ) -> anyhow::Result<()> {
+        let mut vocabulary = Vocabulary::new(eos);
+        for id in 0..vocab_size as u32 {
+            let bytes = tokens.get(id);
+            if id != eos && !tokens.is_control(id) && !bytes.is_empty() {
+                vocabulary.try_insert(bytes.to_vec(), id)?;
+            }
+        }
+        println!();
+        println!("outlines-core (the version Cargo.lock pins):");
+        println!("| schema | index build ms | index states | lookup µs mean | tokens walked |");
+        println!("|---|---|---|---|---|");
+        for &(name, schema, document) in CASES.iter().filter(|c| !c.1.is_empty()) {
+            let regex = outlines_core::json_schema::regex_from_str(schema, None, None)?;
+            let started = Instant::now();
+            let index = Index::new(&regex, &vocabulary)?;
+            let build_ms = started.elapsed().as_secs_f64() * 1e3;
+            // outlines writes `{"a":1}` unless told otherwise: walk its compact form.
+            let compact: serde_json::Value = serde_json::from_str(document)?;
+            let walk = compiler.greedy_tokens(compact.to_string().as_bytes());
+            let mut state = index.initial_state();
+            let mut walked = 0;
+            let started = Instant::now();
+            for t in &walk {
+                let allowed = index.allowed_tokens(&state).unwrap_or_default();
+                std::hint::black_box(&allowed);
+                match index.next_state(&state, t) {
+                    Some(next) => state = next,
+                    None => break,
+                }
+                walked += 1;
+            }
+            let lookup_us = started.elapsed().as_secs_f64() * 1e6 / walked.max(1) as f64;
+            println!(
+                "| {name} | {build_ms:.0} | {} | {lookup_us:.1} | {walked} of {} |",
+                index.transitions().len(),
+                walk.len()
+            );
+        }
+        Ok(())
+    }
 }

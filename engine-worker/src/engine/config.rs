@@ -169,5 +169,18 @@ fn validate_processors(p: &LogitsProcessors, vocab_size: usize) -> Result<(), St
             "logit_bias entry ({id}, {bias}) is outside the vocabulary ({vocab_size}) or not finite"
         ));
     }
+    use proto::api_worker::{MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS};
+    if p.bad_words.len() > MAX_BAD_WORDS
+        || p.bad_words.iter().any(|w| {
+            w.is_empty()
+                || w.len() > MAX_BAD_WORD_TOKENS
+                || w.iter().any(|&t| t as usize >= vocab_size)
+        })
+    {
+        return Err(format!(
+            "bad_words: at most {MAX_BAD_WORDS} sequences of 1 to {MAX_BAD_WORD_TOKENS} tokens \
+             inside the vocabulary"
+        ));
+    }
     Ok(())
 }

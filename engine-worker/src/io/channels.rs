@@ -7,6 +7,8 @@ use proto::worker_tp::{Resync, StepBatch};
 use proto::RequestId;
 
 /// I/O → step loop.
+// Most commands are requests: boxing them would cost each an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum EngineCommand {
     Add(AddRequest),

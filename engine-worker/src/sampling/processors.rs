@@ -44,6 +44,9 @@ pub struct Processing<'a> {
     prompt_tokens: HashSet<u32>,
     /// Output tokens before the position being processed.
     generated: usize,
+    /// The output's last tokens, as many as the longest bad word needs to be recognized (its
+    /// length less one); empty without bad words.
+    tail: Vec<u32>,
 }
 
 impl<'a> Processing<'a> {
@@ -63,12 +66,14 @@ impl<'a> Processing<'a> {
             true => prompt.iter().copied().collect(),
             false => HashSet::new(),
         };
+        let keep = bad_word_context(params);
         Some(Self {
             params,
             stop_ids: history.stop_ids,
             output_counts,
             prompt_tokens,
             generated: output.len(),
+            tail: output[output.len().saturating_sub(keep)..].to_vec(),
         })
     }
 
@@ -76,6 +81,13 @@ impl<'a> Processing<'a> {
     pub fn push(&mut self, token: u32) {
         *self.output_counts.entry(token).or_insert(0) += 1;
         self.generated += 1;
+        let keep = bad_word_context(self.params);
+        if keep > 0 {
+            self.tail.push(token);
+            if self.tail.len() > keep {
+                self.tail.remove(0);
+            }
+        }
     }
 
     /// Applies the processors to one row of logits (`[vocab]`) at the current position.
@@ -113,7 +125,24 @@ impl<'a> Processing<'a> {
                 set(id, &|v| v - by);
             }
         }
+        for word in &p.bad_words {
+            if let Some((&last, before)) = word.split_last() {
+                if self.tail.ends_with(before) {
+                    set(last, &|_| f32::NEG_INFINITY);
+                }
+            }
+        }
     }
+}
+
+/// Output tokens a bad word's recognition needs: the longest one's length less one.
+fn bad_word_context(params: &LogitsProcessors) -> usize {
+    params
+        .bad_words
+        .iter()
+        .map(|w| w.len().saturating_sub(1))
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -173,6 +202,36 @@ mod tests {
         let mut row = vec![1.0; 4];
         state.apply(&mut row);
         assert_eq!(row, vec![1.0, 0.0, 1.0, 0.0]);
+    }
+
+    /// A bad word's last token is ruled out only where the output ends with the rest of it,
+    /// at every position a verify step scores (the tail follows the pushed drafts).
+    #[test]
+    fn bad_words_rule_out_their_last_token_after_the_rest() {
+        let mut p = params();
+        p.bad_words = vec![vec![2], vec![1, 3], vec![1, 1, 0]];
+        // Output so far: [1].
+        let history = History {
+            tokens: &[9, 1],
+            prompt_len: 1,
+            stop_ids: &[],
+        };
+        let mut state = Processing::new(&p, &history).unwrap();
+        let mut row = vec![0.0; 4];
+        state.apply(&mut row);
+        // 2 always; 3 after 1; 0 not yet (needs [1, 1]).
+        assert_eq!(row, vec![0.0, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        state.push(1);
+        let mut row = vec![0.0; 4];
+        state.apply(&mut row);
+        assert_eq!(
+            row,
+            vec![f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]
+        );
+        state.push(0);
+        let mut row = vec![0.0; 4];
+        state.apply(&mut row);
+        assert_eq!(row, vec![0.0, 0.0, f32::NEG_INFINITY, 0.0]);
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub fn add_request() -> AddRequest {
                 min_p: 0.05,
                 min_tokens: 4,
                 logit_bias: vec![(504, -100.0), (7, 2.5)],
+                bad_words: vec![vec![12, 345], vec![678]],
             },
             logprobs: Some(5),
             prompt_logprobs: Some(1),
