@@ -240,34 +240,30 @@ async fn fields_accepted_without_effect_and_neutral_values_pass() {
     }
 }
 
-/// The processors reach the engine with the request's values.
-#[tokio::test]
-async fn penalties_bias_min_p_and_min_tokens_reach_the_engine() {
+/// An engine whose every request finishes at once: what a route submitted is what it records.
+fn finishing_engine() -> support::in_process::ScriptedEngine {
     use api_server::engine::{EngineEvent, Finished};
-    let engine = support::in_process::ScriptedEngine::new(
+    support::in_process::ScriptedEngine::new(
         vec![EngineEvent::Finished(Finished {
-            reason: proto::FinishReason::Length,
+            reason: proto::FinishReason::Stop,
             usage: None,
             speculate_metrics: None,
         })],
         64,
+    )
+}
+
+/// The processors reach the engine with the request's values.
+#[tokio::test]
+async fn penalties_bias_min_p_and_min_tokens_reach_the_engine() {
+    let engine = finishing_engine();
+    let body = completion(json!({"presence_penalty": 0.5, "frequency_penalty": -0.25,
+        "repetition_penalty": 1.5, "min_p": 0.05, "min_tokens": 3,
+        "logit_bias": {"504": -100, "7": 2.5}}));
+    assert_eq!(
+        post_to(engine.router(), "/v1/completions", body).await.0,
+        StatusCode::OK
     );
-    let response = engine
-        .router()
-        .oneshot(
-            Request::post("/v1/completions")
-                .header("content-type", "application/json")
-                .body(Body::from(
-                    completion(json!({"presence_penalty": 0.5, "frequency_penalty": -0.25,
-                        "repetition_penalty": 1.5, "min_p": 0.05, "min_tokens": 3,
-                        "logit_bias": {"504": -100, "7": 2.5}}))
-                    .to_string(),
-                ))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
     let submitted = engine.submitted();
     let p = &submitted[0].sampling.processors;
     assert_eq!(
@@ -289,15 +285,7 @@ async fn penalties_bias_min_p_and_min_tokens_reach_the_engine() {
 /// as prompt logprobs.
 #[tokio::test]
 async fn response_format_and_echo_reach_the_engine() {
-    use api_server::engine::{EngineEvent, Finished};
     use proto::api_worker::StructuredOutput;
-    let finished = || {
-        vec![EngineEvent::Finished(Finished {
-            reason: proto::FinishReason::Stop,
-            usage: None,
-            speculate_metrics: None,
-        })]
-    };
     let cases = [
         (
             "/v1/chat/completions",
@@ -311,7 +299,7 @@ async fn response_format_and_echo_reach_the_engine() {
     ];
     let mut submitted = Vec::new();
     for (path, body) in cases {
-        let engine = support::in_process::ScriptedEngine::new(finished(), 64);
+        let engine = finishing_engine();
         let app = engine.router();
         assert_eq!(post_to(app, path, body).await.0, StatusCode::OK);
         submitted.push(engine.submitted().remove(0).sampling);
@@ -334,15 +322,7 @@ async fn response_format_and_echo_reach_the_engine() {
 /// `bad_words` reach the engine tokenized, alone and after a space.
 #[tokio::test]
 async fn bad_words_reach_the_engine_as_token_sequences() {
-    use api_server::engine::{EngineEvent, Finished};
-    let engine = support::in_process::ScriptedEngine::new(
-        vec![EngineEvent::Finished(Finished {
-            reason: proto::FinishReason::Stop,
-            usage: None,
-            speculate_metrics: None,
-        })],
-        64,
-    );
+    let engine = finishing_engine();
     let body = completion(json!({"bad_words": ["Paris", " London"]}));
     assert_eq!(
         post_to(engine.router(), "/v1/completions", body).await.0,
