@@ -72,6 +72,7 @@ async fn foreign_add(worker: &mut DealerSocket) -> RejectReason {
         max_tokens: 4,
         arrival_unix_ms: 0,
         owner: LIVE_API_ID.into(),
+        class: "other".into(),
     });
     send(worker, proto::encode(&add).unwrap()).await;
     next_matching(

@@ -180,6 +180,7 @@ pub async fn start_choices<E: Engine>(
                     sampling,
                     stop: spec.stop.clone(),
                     max_tokens: spec.max_tokens[p],
+                    class: spec.class.clone(),
                 },
             });
         }

@@ -15,6 +15,7 @@ pub mod model;
 pub mod notify;
 pub mod openai;
 pub mod origin;
+pub mod request_class;
 pub mod routes;
 pub mod stream;
 pub mod template;

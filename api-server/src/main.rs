@@ -13,6 +13,7 @@ use api_server::engine::{EngineClient, EngineConfig};
 use api_server::memory::IdleTrim;
 use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
+use api_server::request_class::RequestClasses;
 use api_server::routes::{router, AppState};
 use clap::Parser;
 use link::ipc::{default_tp_api_endpoint, default_worker_endpoint};
@@ -115,6 +116,14 @@ struct Args {
     /// the operator opens cannot drive the server. Clients other than browsers send no Origin.
     #[arg(long, env = "SPECULA_ALLOWED_ORIGINS", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// Request classes (comma-separated, a-z 0-9 _ -, at most 32) that label the
+    /// token-processor's acceptance series (give it the same list); a request names its class
+    /// with the header below or `metadata.class`, and any class not listed counts as `other`.
+    #[arg(long, env = "SPECULA_REQUEST_CLASSES", value_delimiter = ',')]
+    request_classes: Vec<String>,
+    /// The header a request's class is read from, before `metadata.class` (none: metadata only).
+    #[arg(long, env = "SPECULA_REQUEST_CLASS_HEADER")]
+    request_class_header: Option<String>,
     /// Largest accepted request body in bytes.
     #[arg(long, env = "SPECULA_MAX_BODY_BYTES", default_value_t = 4 << 20)]
     max_body_bytes: usize,
@@ -158,7 +167,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let engine = EngineClient::start(engine_config(&args, api_server_id.clone())?);
     let idle_trim = Arc::new(IdleTrim::default());
     tokio::spawn(api_server::memory::run(idle_trim.clone(), engine.clone()));
-    let state = app_state(&args, model, max_model_len, engine.clone(), idle_trim);
+    let request_classes =
+        RequestClasses::new(&args.request_classes, args.request_class_header.as_deref())
+            .map_err(|reason| anyhow::anyhow!("request classes: {reason}"))?;
+    let mut state = app_state(&args, model, max_model_len, engine.clone(), idle_trim);
+    state.request_classes = Arc::new(request_classes);
     let app = router(state, ApiKey(args.api_key.clone().map(Into::into)));
 
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
@@ -253,6 +266,7 @@ fn app_state(
         ),
         started_unix: api_server::openai::responses::unix_now(),
         idle_trim,
+        request_classes: Arc::default(),
     }
 }
 

@@ -17,7 +17,7 @@ use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
 use engine_worker::kv::{parse_bytes, KvBudget, KvDtype};
 use engine_worker::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::{DraftSource, SpecPolicy, SuffixConfig};
-use engine_worker::trace::TraceWriter;
+use engine_worker::trace::{TraceRun, TraceWriter};
 use link::ipc::{default_tp_ingest_endpoint, default_worker_endpoint};
 use link::service;
 use proto::worker_tp::MAX_SPEC_TOKENS;
@@ -454,10 +454,13 @@ fn load_engine(
         Some(path) => Some(
             TraceWriter::create(
                 path,
-                args.num_spec_tokens,
-                &engine.backend().config().name,
-                worker_id,
-                engine.proposer_name(),
+                &TraceRun {
+                    num_spec_tokens: args.num_spec_tokens,
+                    model: &engine.backend().config().name,
+                    worker_id,
+                    proposer: engine.proposer_name(),
+                    verify_cost: &engine.planner().cost_points(),
+                },
             )
             .map_err(|err| anyhow::anyhow!("cannot create trace {}: {err}", path.display()))?,
         ),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use common::*;
 use engine_worker::engine::Engine;
-use engine_worker::trace::TraceWriter;
+use engine_worker::trace::{TraceRun, TraceWriter};
 use proto::api_worker::SamplingParams;
 
 /// `(type, drafted, accepted, finish)` of one trace line.
@@ -17,7 +17,18 @@ fn trace_lines_follow_the_golden_event_format() {
     let dir = std::env::temp_dir().join(format!("specula-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("trace.jsonl");
-    let mut trace = TraceWriter::create(&path, 4, "toy", "worker-a", "ngram").unwrap();
+    let cost = [proto::worker_tp::CostPoint {
+        tokens: 1,
+        seconds: 0.004,
+    }];
+    let run = TraceRun {
+        num_spec_tokens: 4,
+        model: "toy",
+        worker_id: "worker-a",
+        proposer: "ngram",
+        verify_cost: &cost,
+    };
+    let mut trace = TraceWriter::create(&path, &run).unwrap();
     // A tight cache forces preemptions; one request is aborted mid-way.
     let backend = ToyBackend::new(32, vec![0], 20, 4);
     let mut engine = Engine::new(backend, engine_config(4, 8), None);
@@ -35,7 +46,7 @@ fn trace_lines_follow_the_golden_event_format() {
         }
         let rows = engine.step();
         collect(&rows, 4, &mut outcomes);
-        trace.record(&rows).unwrap();
+        trace.record(&rows, engine.last_verify_timing()).unwrap();
         step += 1;
     }
     drop(trace);
@@ -48,15 +59,53 @@ fn trace_lines_follow_the_golden_event_format() {
     assert_eq!(header["model"], "toy");
     assert_eq!(header["worker_id"], "worker-a");
     assert_eq!(header["proposer"], "ngram");
+    assert_eq!(header["verify_cost"], serde_json::json!([[1, 0.004]]));
+    let mut last_step = 0;
     let mut seen: HashMap<String, Vec<Event>> = HashMap::new();
     for ev in lines {
         let obj = ev.as_object().unwrap();
         let kind = obj["type"].as_str().unwrap().to_string();
         for key in obj.keys() {
             assert!(
-                ["type", "request", "drafted", "accepted", "finish"].contains(&key.as_str()),
+                [
+                    "type",
+                    "request",
+                    "drafted",
+                    "accepted",
+                    "finish",
+                    "offered",
+                    "step",
+                    "t_us",
+                    "tokens",
+                    "verify_us"
+                ]
+                .contains(&key.as_str()),
                 "{key}"
             );
+        }
+        // Steps count up from 0; a verify carries the proposer's whole offer, which starts with
+        // the verified drafts: the accepted ones are the first emitted tokens.
+        let step = obj["step"].as_u64().unwrap();
+        assert!(step >= last_step);
+        last_step = step;
+        assert!(obj["t_us"].is_u64());
+        if kind == "verify" {
+            let offered: Vec<u64> = serde_json::from_value(obj["offered"].clone()).unwrap();
+            let tokens: Vec<u64> = serde_json::from_value(obj["tokens"].clone()).unwrap();
+            let (d, a) = (
+                obj["drafted"].as_u64().unwrap(),
+                obj["accepted"].as_u64().unwrap(),
+            );
+            assert!(offered.len() as u64 >= d);
+            // (A stop condition may cut the step's tokens short.)
+            let n = (a as usize).min(tokens.len());
+            assert_eq!(tokens[..n], offered[..n]);
+            if a < d && tokens.len() > a as usize {
+                assert_ne!(
+                    tokens[a as usize], offered[a as usize],
+                    "the first rejected draft"
+                );
+            }
         }
         assert_eq!(obj.contains_key("drafted"), kind == "verify");
         let id = obj["request"].as_str().unwrap().to_string();

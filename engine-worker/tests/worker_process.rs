@@ -180,6 +180,7 @@ fn add(id: u64, prompt: Vec<u32>, max_tokens: u32) -> ApiToWorker {
         max_tokens,
         arrival_unix_ms: 1,
         owner: "api-test".into(),
+        class: "other".into(),
     })
 }
 

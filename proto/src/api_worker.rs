@@ -133,6 +133,9 @@ pub struct AddRequest {
     pub arrival_unix_ms: u64,
     /// `api_server_id` of the api-server that owns the request.
     pub owner: String,
+    /// The request's class (one of the operator's configured classes, or `other`): a label of
+    /// the token-processor's acceptance series, passed through by the worker.
+    pub class: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

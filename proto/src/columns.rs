@@ -34,9 +34,9 @@ macro_rules! le_int {
     )*};
 }
 
-le_int!(u32, u64);
+le_int!(u16, u32, u64);
 
-/// `#[serde(with = "crate::columns")]` on a `Vec<u32>` or `Vec<u64>`.
+/// `#[serde(with = "crate::columns")]` on a `Vec<u16>`, `Vec<u32>` or `Vec<u64>`.
 pub fn serialize<T: LeInt, S: Serializer>(values: &[T], serializer: S) -> Result<S::Ok, S::Error> {
     let mut bytes = Vec::with_capacity(values.len() * T::WIDTH);
     for &v in values {

@@ -15,6 +15,7 @@
 
 pub mod api_worker;
 pub mod auth;
+pub mod classes;
 pub mod codec;
 pub mod columns;
 mod error;
@@ -30,7 +31,7 @@ pub use metrics::SpeculateMetrics;
 pub use types::{FinishReason, RequestId, TokenLogprob, MAX_TOP_LOGPROBS};
 
 /// Version of the wire protocol; bump on any change to a message's encoding.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Fails with [`ProtoError::VersionMismatch`] unless the peer speaks [`PROTOCOL_VERSION`].
 pub fn check_version(peer: &str, peer_version: u32) -> Result<(), ProtoError> {

@@ -19,4 +19,14 @@ pub struct SpeculateMetrics {
     pub draft_acceptance_rate: f64,
     pub accept_length_histogram: Vec<u64>,
     pub draft_length_histogram: Vec<u64>,
+    /// Additions beyond the spec (docs/metrics.md), present together or not at all (absent when
+    /// the proposer offered nothing, so a trace without them replays to the spec's object):
+    /// draft tokens the proposer offered the drafting policy (`num_draft_tokens` of them were
+    /// verified)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_offered_tokens: Option<u64>,
+    /// ...and the accepted draft tokens the policy predicted for what it verified (compare
+    /// with `num_accepted_draft_tokens`). Last, so a MessagePack array without both ends early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_accepted_tokens: Option<f64>,
 }

@@ -17,13 +17,17 @@ use crate::FinishReason;
 
 /// The first line: `num_spec_tokens` (K), and whatever else identifies the run. Only K is
 /// required, so a hand-written `{"num_spec_tokens": 2}` is a header.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     pub num_spec_tokens: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proposer: Option<String>,
+    /// The drafting policy's verify-cost curve when the trace started: `[tokens, seconds]`
+    /// points, tokens ascending (what `replay --what-if` prices steps with).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verify_cost: Vec<(u32, f64)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
 }
@@ -71,7 +75,24 @@ pub struct Event {
     pub drafted: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish: Option<FinishReason>,
+    /// On a verify: every draft token the proposer offered (`drafted` of them were verified),
+    /// so a what-if replay can re-score the step at another K or policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered: Option<Vec<u32>>,
     pub request: RequestName,
+    /// The worker's step number (rows of one step share it): the batch a replay prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// Microseconds since the trace started, at the end of the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_us: Option<u64>,
+    /// The tokens the step emitted for the request (the prefill's first, or a verify's accepted
+    /// drafts and bonus).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
     #[serde(rename = "type")]
     pub kind: EventKind,
+    /// Microseconds of the step's verify forward when every row was a verify row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_us: Option<u32>,
 }

@@ -169,6 +169,24 @@ pub struct Heartbeat {
     /// KV-cache blocks held by running sequences, cached (held by none, keeping a prompt prefix
     /// for later requests until a new block needs the room) and free.
     pub kv_blocks: KvBlocks,
+    /// The drafting policy's verify-cost curve as fitted now (at most [`MAX_COST_POINTS`]
+    /// points, tokens ascending; empty without speculation): what a verify forward of that many
+    /// tokens costs, the price the policy weighs every draft token against.
+    pub verify_cost: Vec<CostPoint>,
+}
+
+/// Most points of [`Heartbeat::verify_cost`] (each becomes a gauge with a `tokens` label).
+pub const MAX_COST_POINTS: usize = 16;
+
+/// The verify sizes a worker reports its cost curve at; the token-processor exports only these
+/// (a `tokens` label a worker could choose freely would be unbounded).
+pub const COST_POINT_TOKENS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// One point of the verify-cost curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CostPoint {
+    pub tokens: u32,
+    pub seconds: f64,
 }
 
 /// How a worker's KV-cache blocks are used.
@@ -196,6 +214,7 @@ impl Heartbeat {
             tp_acked_seq: 0,
             tp_link_up: true,
             kv_blocks: KvBlocks::default(),
+            verify_cost: Vec::new(),
         }
     }
 }
@@ -214,6 +233,9 @@ pub struct RequestStart {
     /// Of `prompt_tokens`, those whose KV the worker's prefix cache held (not computed again).
     pub cached_prompt_tokens: u32,
     pub arrival_unix_ms: u64,
+    /// The request's class as its api-server named it (the token-processor maps a class it
+    /// was not configured with to `other`).
+    pub class: String,
 }
 
 /// One engine step, column-oriented: row `i` is one request's outcome in that step. The flat
@@ -236,6 +258,14 @@ pub struct StepBatch {
     pub drafted: Vec<u8>,
     #[serde(with = "serde_bytes")]
     pub accepted: Vec<u8>,
+    /// Draft tokens the proposer offered the drafting policy (`drafted` of them were verified;
+    /// never fewer than `drafted`, never more than K).
+    #[serde(with = "serde_bytes")]
+    pub offered: Vec<u8>,
+    /// The policy's expected accepted tokens of the verified draft, in thousandths of a token
+    /// (its point estimate, without the exploration bonus it plans with).
+    #[serde(with = "crate::columns")]
+    pub predicted_milli: Vec<u16>,
     #[serde(with = "serde_bytes")]
     pub flags: Vec<u8>,
     /// [`FinishReason::code`], 0 when the request goes on.
@@ -247,6 +277,19 @@ pub struct StepBatch {
     /// The prompt logprobs of prefill rows whose requests asked for them (one per prompt token
     /// after the first), in row order.
     pub prompt_logprobs: Vec<RowLogprobs>,
+    /// The step's verify forward, when every row of it was a verify row (else `None`): what the
+    /// policy's cost curve learns from.
+    pub verify_timing: Option<VerifyTiming>,
+}
+
+/// The measured time of a step's verify forward, and what K = 0 would have done in it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct VerifyTiming {
+    /// Microseconds the forward took.
+    pub micros: u32,
+    /// Tokens K = 0 would have emitted in the same time, in thousandths: the forward's time
+    /// over the fitted cost of a one-token-per-row forward, times the rows.
+    pub k0_tokens_milli: u32,
 }
 
 /// The logprobs of one row's tokens, one per token.
@@ -263,6 +306,10 @@ pub struct StepRow<'a> {
     pub tokens: &'a [u32],
     pub drafted: u8,
     pub accepted: u8,
+    /// See [`StepBatch::offered`].
+    pub offered: u8,
+    /// See [`StepBatch::predicted_milli`].
+    pub predicted_milli: u16,
     pub prefill: bool,
     pub preempted: bool,
     pub finish: Option<FinishReason>,
@@ -311,6 +358,8 @@ impl StepBatch {
         self.token_offsets.push(self.tokens.len() as u32);
         self.drafted.push(row.drafted);
         self.accepted.push(row.accepted);
+        self.offered.push(row.offered);
+        self.predicted_milli.push(row.predicted_milli);
         let mut flags = 0;
         if row.prefill {
             flags |= FLAG_PREFILL;
@@ -329,6 +378,8 @@ impl StepBatch {
         if self.token_offsets.len() != n + 1
             || self.drafted.len() != n
             || self.accepted.len() != n
+            || self.offered.len() != n
+            || self.predicted_milli.len() != n
             || self.flags.len() != n
             || self.finish.len() != n
         {
@@ -347,6 +398,14 @@ impl StepBatch {
             if a > d || u32::from(d) > num_spec_tokens {
                 return Err(ProtoError::InvalidBatch(
                     "accepted > drafted or drafted > K",
+                ));
+            }
+            if self.offered[i] < d || u32::from(self.offered[i]) > num_spec_tokens {
+                return Err(ProtoError::InvalidBatch("offered < drafted or offered > K"));
+            }
+            if u32::from(self.predicted_milli[i]) > 1000 * u32::from(d) {
+                return Err(ProtoError::InvalidBatch(
+                    "more accepted tokens predicted than drafted",
                 ));
             }
             if self.flags[i] & !(FLAG_PREFILL | FLAG_PREEMPTED) != 0 {
@@ -408,6 +467,8 @@ impl StepBatch {
                 tokens: &self.tokens[lo..hi],
                 drafted: self.drafted[i],
                 accepted: self.accepted[i],
+                offered: self.offered[i],
+                predicted_milli: self.predicted_milli[i],
                 prefill: self.flags[i] & FLAG_PREFILL != 0,
                 preempted: self.flags[i] & FLAG_PREEMPTED != 0,
                 finish: FinishReason::from_code(self.finish[i]).flatten(),
@@ -458,6 +519,14 @@ pub struct ResyncRequest {
     pub drafted: Vec<u8>,
     #[serde(with = "serde_bytes")]
     pub accepted: Vec<u8>,
+    /// Per verification step, the tokens offered and the accepted tokens predicted, as in
+    /// [`StepBatch::offered`] and [`StepBatch::predicted_milli`].
+    #[serde(with = "serde_bytes")]
+    pub offered: Vec<u8>,
+    #[serde(with = "crate::columns")]
+    pub predicted_milli: Vec<u16>,
+    /// See [`RequestStart::class`].
+    pub class: String,
     /// [`FinishReason::code`] of a request that finished but whose final output its api-server
     /// has not acknowledged yet; 0 while it runs.
     pub finish: u8,

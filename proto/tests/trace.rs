@@ -10,6 +10,7 @@ fn lines_are_written_as_before() {
         model: Some("toy".into()),
         num_spec_tokens: 4,
         proposer: Some("ngram".into()),
+        verify_cost: Vec::new(),
         worker_id: Some("worker-a".into()),
     };
     assert_eq!(
@@ -22,6 +23,11 @@ fn lines_are_written_as_before() {
         finish: Some(FinishReason::Length),
         request: RequestName::Text("1099511627776".into()),
         kind: EventKind::Verify,
+        offered: None,
+        step: None,
+        t_us: None,
+        tokens: None,
+        verify_us: None,
     };
     assert_eq!(
         serde_json::to_string(&verify).unwrap(),
@@ -33,6 +39,11 @@ fn lines_are_written_as_before() {
         finish: None,
         request: RequestName::Text("7".into()),
         kind: EventKind::Prefill,
+        offered: None,
+        step: None,
+        t_us: None,
+        tokens: None,
+        verify_us: None,
     };
     assert_eq!(
         serde_json::to_string(&prefill).unwrap(),
@@ -58,4 +69,32 @@ fn hand_written_lines_are_read() {
     assert_eq!(ev.request.into_string(), "7");
     assert!(serde_json::from_str::<Event>(r#"{"type": "skip", "request": "a"}"#).is_err());
     assert!(serde_json::from_str::<Event>(r#"{"type": "verify"}"#).is_err());
+}
+
+/// The what-if fields (offered drafts, emitted tokens, step, times) are additions: written in
+/// the same alphabetical order, and absent from the lines of older traces.
+#[test]
+fn what_if_fields_round_trip_in_order() {
+    let verify = Event {
+        accepted: Some(1),
+        drafted: Some(2),
+        finish: None,
+        offered: Some(vec![5, 6, 7]),
+        request: RequestName::Text("3".into()),
+        step: Some(9),
+        t_us: Some(1234),
+        tokens: Some(vec![5, 8]),
+        kind: EventKind::Verify,
+        verify_us: Some(800),
+    };
+    let line = serde_json::to_string(&verify).unwrap();
+    assert_eq!(
+        line,
+        r#"{"accepted":1,"drafted":2,"offered":[5,6,7],"request":"3","step":9,"t_us":1234,"tokens":[5,8],"type":"verify","verify_us":800}"#
+    );
+    assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), verify);
+    let header: Header =
+        serde_json::from_str(r#"{"num_spec_tokens":4,"verify_cost":[[1,0.006],[8,0.0165]]}"#)
+            .unwrap();
+    assert_eq!(header.verify_cost, vec![(1, 0.006), (8, 0.0165)]);
 }

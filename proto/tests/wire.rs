@@ -197,7 +197,30 @@ fn speculate_metrics_json_has_the_spec_field_order() {
         .collect();
     order.sort();
     let ours_in_order: Vec<&str> = order.into_iter().map(|(_, k)| k).collect();
-    assert_eq!(ours_in_order, spec_fields);
+    // The spec's fields in its order, then the additions of docs/metrics.md.
+    let mut expected = spec_fields.clone();
+    expected.extend(["num_offered_tokens", "predicted_accepted_tokens"]);
+    assert_eq!(ours_in_order, expected);
+    // Without the additions the object is exactly the spec's.
+    let mut plain = samples::speculate_metrics();
+    plain.num_offered_tokens = None;
+    plain.predicted_accepted_tokens = None;
+    let plain_json = serde_json::to_value(&plain).unwrap();
+    assert_eq!(plain_json.as_object().unwrap().len(), spec_fields.len());
+}
+
+/// The additions are skipped when absent, so the MessagePack array ends early: it still
+/// decodes, to the same value, with and without them.
+#[test]
+fn speculate_metrics_without_the_additions_round_trips() {
+    let mut plain = samples::speculate_metrics();
+    plain.num_offered_tokens = None;
+    plain.predicted_accepted_tokens = None;
+    for value in [plain, samples::speculate_metrics()] {
+        let bytes = proto::encode(&value).unwrap();
+        let back: proto::SpeculateMetrics = proto::decode(&bytes).unwrap();
+        assert_eq!(back, value);
+    }
 }
 
 #[test]

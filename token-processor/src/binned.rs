@@ -22,6 +22,8 @@ struct Family {
     kind: Kind,
     /// Empty for a counter: its one bin is the overflow bin and holds every increment.
     bounds: Arc<[f64]>,
+    /// A counter's unit: what one increment is worth when rendered (1 for whole counts).
+    scale: f64,
     series: Mutex<Vec<Arc<Series>>>,
 }
 
@@ -97,12 +99,20 @@ impl Registry {
         self.push(name, help, Kind::Counter, &[]);
     }
 
+    /// Declares a counter of a fractional quantity, incremented in whole units of `scale`
+    /// (1e-3: thousandths) and rendered as their float total, so a sum of fractions is exact.
+    pub fn declare_scaled_counter(&mut self, name: &'static str, help: &'static str, scale: f64) {
+        self.push(name, help, Kind::Counter, &[]);
+        self.families.last_mut().expect("just pushed").scale = scale;
+    }
+
     fn push(&mut self, name: &'static str, help: &'static str, kind: Kind, bounds: &[f64]) {
         self.families.push(Family {
             name,
             help,
             kind,
             bounds: bounds.into(),
+            scale: 1.0,
             series: Mutex::new(Vec::new()),
         });
     }
@@ -146,10 +156,14 @@ impl Registry {
     /// Removes, from the families `names`, the series of `keep`'s worker under any other
     /// labels (an earlier proposer or model of the same worker id), so that each worker shows
     /// one set. What they counted since the last scrape is lost with them.
-    pub fn retire(&self, names: &[&str], keep: &Labels) {
+    /// `keep` holds label sets of one worker (one per request class).
+    pub fn retire(&self, names: &[&str], keep: &[Labels]) {
+        let Some(worker) = keep.first().map(|l| &l.worker) else {
+            return;
+        };
         for family in self.families.iter().filter(|f| names.contains(&f.name)) {
             let mut series = family.series.lock().unwrap_or_else(|e| e.into_inner());
-            series.retain(|s| s.labels.worker != keep.worker || s.labels == *keep);
+            series.retain(|s| s.labels.worker != *worker || keep.contains(&s.labels));
         }
     }
 
@@ -172,8 +186,12 @@ impl Registry {
                 let labels = format!("{}{}", s.labels.rendered, s.extra);
                 match family.kind {
                     Kind::Histogram => render_histogram(out, name, &family.bounds, &labels, &bins),
-                    Kind::Counter => {
+                    Kind::Counter if family.scale == 1.0 => {
                         let _ = writeln!(out, "{name}{{{labels}}} {}", bins.counts[0]);
+                    }
+                    Kind::Counter => {
+                        let value = bins.counts[0] as f64 * family.scale;
+                        let _ = writeln!(out, "{name}{{{labels}}} {value}");
                     }
                 }
             }
@@ -266,7 +284,7 @@ pub fn counter(name: &str, labels: &Labels, more: &[(&str, &str)]) -> OwnCounter
 }
 
 /// [`Registry::retire`] on the process registry (nothing before [`install`]).
-pub fn retire(names: &[&str], keep: &Labels) {
+pub fn retire(names: &[&str], keep: &[Labels]) {
     if let Some(registry) = GLOBAL.get() {
         registry.retire(names, keep);
     }
@@ -304,6 +322,21 @@ mod tests {
                 (k, v.parse().unwrap())
             })
             .collect()
+    }
+
+    #[test]
+    fn a_scaled_counter_renders_its_exact_fractional_total() {
+        let mut r = registry();
+        r.declare_scaled_counter("t_predicted_total", "Predicted.", 1e-3);
+        let c = r.counter("t_predicted_total", &mw("w1"), &[]);
+        c.increment(1_250);
+        c.increment(500);
+        let mut text = String::new();
+        r.render(&mut text);
+        assert!(
+            text.contains("t_predicted_total{model=\"m\",worker=\"w1\"} 1.75\n"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -418,7 +451,7 @@ mod tests {
             r.histogram("t_latency_seconds", labels)
                 .observe([(0.01, 1)]);
         }
-        r.retire(&["t_steps_total", "t_per_step"], &new);
+        r.retire(&["t_steps_total", "t_per_step"], std::slice::from_ref(&new));
         let mut text = String::new();
         r.render(&mut text);
         let a_ngram = r#"worker="a",proposer="ngram""#;

@@ -24,6 +24,8 @@ pub enum TpError {
         endpoint: String,
         message: String,
     },
+    #[error("configuration: {0}")]
+    Config(String),
     #[error("metrics exporter: {0}")]
     Metrics(String),
     #[error(transparent)]

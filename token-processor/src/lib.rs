@@ -23,5 +23,6 @@ pub mod metrics;
 pub mod replay;
 pub mod synth;
 pub mod tracker;
+pub mod whatif;
 
 pub use error::TpError;

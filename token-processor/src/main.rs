@@ -19,9 +19,11 @@ use zeromq::{RouterSocket, Socket};
 
 use link::ipc::{default_tp_api_endpoint, default_tp_ingest_endpoint};
 use link::service::{self, Watchdog};
+use token_processor::error::TpError;
 use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
 use token_processor::replay::{self, Batching, Trace};
-use token_processor::{forward, http, memory, metrics};
+use token_processor::tracker::RequestClasses;
+use token_processor::{forward, http, memory, metrics, whatif};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,10 +40,18 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replays an acceptance trace (a golden case file or the engine-worker's JSON Lines) and
-    /// prints {"requests": {...}, "global": {...}}.
+    /// prints {"requests": {...}, "global": {...}}; with --what-if, re-scores a worker's trace
+    /// at every K' <= K under the fixed and goodput policies and writes a report.
     Replay {
         /// The trace file.
-        file: PathBuf,
+        #[arg(required_unless_present = "what_if", conflicts_with = "what_if")]
+        file: Option<PathBuf>,
+        /// A trace the engine-worker wrote with --trace-acceptance, to re-score.
+        #[arg(long, requires = "out")]
+        what_if: Option<PathBuf>,
+        /// Where --what-if writes report.html and report.json (created if missing).
+        #[arg(long, requires = "what_if")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -87,6 +97,11 @@ struct ServeArgs {
     /// Longest wait, on SIGTERM, for queued outputs to be sent.
     #[arg(long, env = "SPECULA_TP_SHUTDOWN_TIMEOUT_MS", default_value_t = 5_000)]
     shutdown_timeout_ms: u64,
+    /// Request classes (comma-separated, a-z 0-9 _ -) that label the acceptance series, as the
+    /// api-servers name them (`--request-classes` there too); any other class counts as
+    /// `other`, so clients cannot grow the series. At most 32.
+    #[arg(long, env = "SPECULA_REQUEST_CLASSES", value_delimiter = ',')]
+    request_classes: Vec<String>,
     #[command(flatten)]
     service: service::ServiceArgs,
 }
@@ -94,7 +109,13 @@ struct ServeArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Replay { file }) => {
+        Some(Command::Replay {
+            what_if: Some(trace),
+            out: Some(dir),
+            ..
+        }) => what_if(&trace, &dir),
+        Some(Command::Replay { file, .. }) => {
+            let file = file.context("a trace file is required")?;
             let trace = Trace::load(&file)?;
             let result = replay::run(&trace, Batching::Packed);
             println!("{}", serde_json::to_string_pretty(&result)?);
@@ -112,6 +133,33 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(serve(cli.serve))
         }
     }
+}
+
+/// `replay --what-if TRACE --out DIR`: the report, and a one-line summary per setting.
+fn what_if(path: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    let trace = whatif::WhatIfTrace::load(path)?;
+    let (recorded, predictions) = whatif::predict(&trace);
+    println!(
+        "recorded: K={} {:.1} tokens/s ({} tokens in {:.2} s)",
+        recorded.num_spec_tokens, recorded.tokens_per_s, recorded.tokens, recorded.seconds
+    );
+    for p in &predictions {
+        println!(
+            "{:?} K'={}: {:.3} accepted/step, predicted {:.1} tokens/s",
+            p.policy, p.num_spec_tokens, p.accepted_per_step, p.predicted_tokens_per_s
+        );
+    }
+    let report = whatif::Report {
+        trace: path.display().to_string(),
+        proposer: trace.proposer.clone(),
+        model: trace.model.clone(),
+        recorded,
+        what_if: predictions,
+        method: whatif::METHOD.to_vec(),
+    };
+    whatif::write_report(dir, &report)?;
+    println!("wrote {}", dir.join("report.html").display());
+    Ok(())
 }
 
 /// Called as a runtime thread goes idle: at most once a second per thread, hands that thread's
@@ -139,6 +187,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tp_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
+    let classes = Arc::new(RequestClasses::new(&args.request_classes).map_err(TpError::Config)?);
     let prometheus =
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
     let link_secret = link::auth::secret_for(
@@ -155,6 +204,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         bound.api,
         PipelineContext {
             tp_epoch,
+            classes,
             link_secret,
             health: health.clone(),
             shutdown: shutdown_rx.clone(),
@@ -220,6 +270,7 @@ async fn bind(args: &ServeArgs) -> anyhow::Result<Bound> {
 /// What the ingest and the forwarder are started with besides their sockets.
 struct PipelineContext {
     tp_epoch: u64,
+    classes: Arc<RequestClasses>,
     link_secret: Option<link::auth::Secret>,
     health: Arc<IngestHealth>,
     shutdown: watch::Receiver<bool>,
@@ -253,6 +304,7 @@ fn start_pipeline(
     let config = IngestConfig {
         max_requests_per_worker: args.max_requests,
         max_workers: args.max_workers,
+        classes: context.classes,
     };
     let ingest = tokio::spawn(ingest::run(
         ingest_router,

@@ -1,13 +1,15 @@
 //! Every metric the token-processor exports: names, units, help text and histogram buckets, all
-//! here. Labels are `model` and `worker`, plus `proposer` (the worker's hello's) on the spec's
-//! series (`specula_spec_decode*`, one proposer per worker, so bounded) and the spec's `position`
-//! on the per-position counter; never a request id. Finish reasons are separate counters so that
+//! here. Labels are `model` and `worker`, plus `proposer` (the worker's hello's) and `class` (the
+//! request's class among the configured ones, or `other`) on the spec's series
+//! (`specula_spec_decode*`, one proposer per worker and a configured set of classes, so bounded)
+//! and the spec's `position` on the per-position counter; never a request id. docs/metrics.md
+//! defines every series. Finish reasons are separate counters so that
 //! no other label exists.
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics::{Counter, Gauge, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use proto::worker_tp::KvBlocks;
+use proto::worker_tp::{CostPoint, KvBlocks, COST_POINT_TOKENS, MAX_COST_POINTS};
 
 use crate::binned::{self, BinnedHistogram, Labels, OwnCounter};
 use crate::error::TpError;
@@ -21,6 +23,13 @@ pub const SPEC_ACCEPTED_PER_POS: &str = "specula_spec_decode_num_accepted_tokens
 pub const SPEC_NUM_EMITTED_TOKENS: &str = "specula_spec_decode_num_emitted_tokens_total";
 pub const SPEC_ACCEPTED_PER_STEP: &str = "specula_spec_decode_accepted_drafts_per_step";
 pub const SPEC_DRAFTED_PER_STEP: &str = "specula_spec_decode_drafted_per_step";
+pub const SPEC_OFFERED_TOKENS: &str = "specula_spec_decode_num_offered_tokens_total";
+pub const SPEC_PREDICTED_TOKENS: &str = "specula_spec_decode_num_predicted_accepted_tokens_total";
+pub const SPEC_VERIFY_SECONDS: &str = "specula_spec_policy_verify_seconds_total";
+pub const SPEC_K0_TOKENS: &str = "specula_spec_policy_k0_tokens_estimate_total";
+pub const SPEC_VERIFY_COST: &str = "specula_spec_policy_verify_cost_seconds";
+pub const REQUEST_ACCEPTANCE_RATE: &str = "specula_request_draft_acceptance_rate";
+pub const REQUEST_ACCEPTED_LENGTH: &str = "specula_request_mean_accepted_length";
 
 /// Every series labelled with the worker's proposer: the spec's.
 const SPEC_SERIES: &[&str] = &[
@@ -32,6 +41,8 @@ const SPEC_SERIES: &[&str] = &[
     SPEC_NUM_EMITTED_TOKENS,
     SPEC_ACCEPTED_PER_STEP,
     SPEC_DRAFTED_PER_STEP,
+    SPEC_OFFERED_TOKENS,
+    SPEC_PREDICTED_TOKENS,
 ];
 
 /// Finished-request counters, indexed by `FinishReason::code() - 1`.
@@ -80,6 +91,12 @@ const E2E_BUCKETS: &[f64] = &[
     0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0,
 ];
+const ACCEPTANCE_RATE_BUCKETS: &[f64] =
+    &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+/// Mean tokens per verification step: 1 (no draft ever accepted) up to K + 1.
+const ACCEPTED_LENGTH_BUCKETS: &[f64] = &[
+    1.0, 1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 65.0,
+];
 const BATCH_BUCKETS: &[f64] = &[
     0.000_005, 0.000_01, 0.000_015, 0.000_02, 0.000_025, 0.000_03, 0.000_04, 0.000_05, 0.000_06,
     0.000_07, 0.000_08, 0.000_09, 0.000_1, 0.000_125, 0.000_15, 0.000_2, 0.000_25, 0.000_5, 0.001,
@@ -118,6 +135,16 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
         .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(BATCH_PROCESSING.into()), BATCH_BUCKETS)
         .map_err(err)?
+        .set_buckets_for_metric(
+            Matcher::Full(REQUEST_ACCEPTANCE_RATE.into()),
+            ACCEPTANCE_RATE_BUCKETS,
+        )
+        .map_err(err)?
+        .set_buckets_for_metric(
+            Matcher::Full(REQUEST_ACCEPTED_LENGTH.into()),
+            ACCEPTED_LENGTH_BUCKETS,
+        )
+        .map_err(err)?
         .install_recorder()
         .map_err(err)?;
     describe_all();
@@ -135,6 +162,26 @@ fn describe_all() {
     describe_connections();
     describe_step_batches();
     describe_link_faults();
+    describe_policy();
+}
+
+/// The drafting policy's own figures: what it weighs (the cost curve) and how its bets pay.
+fn describe_policy() {
+    describe_gauge!(
+        SPEC_VERIFY_COST,
+        Unit::Seconds,
+        "The drafting policy's fitted cost of one verify forward carrying `tokens` tokens."
+    );
+    describe_histogram!(
+        REQUEST_ACCEPTANCE_RATE,
+        Unit::Count,
+        "Per finished request that drafted: accepted draft tokens over draft tokens."
+    );
+    describe_histogram!(
+        REQUEST_ACCEPTED_LENGTH,
+        Unit::Count,
+        "Per finished request that verified: tokens per verification step (average_accept_length)."
+    );
 }
 
 /// The spec's speculative-decoding series, rendered by [`binned`] so that a worker's series under
@@ -174,6 +221,25 @@ fn declare_speculation(own: &mut binned::Registry, max_spec_tokens: u32) {
         SPEC_DRAFTED_PER_STEP,
         "Draft tokens proposed per verification step (what the drafting policy chose).",
         &per_step,
+    );
+    own.declare_counter(
+        SPEC_OFFERED_TOKENS,
+        "Draft tokens the proposer offered the drafting policy (num_draft_tokens of them were verified).",
+    );
+    own.declare_scaled_counter(
+        SPEC_PREDICTED_TOKENS,
+        "Accepted draft tokens the drafting policy predicted for the drafts it verified (compare with num_accepted_tokens).",
+        1e-3,
+    );
+    own.declare_scaled_counter(
+        SPEC_VERIFY_SECONDS,
+        "Seconds of verify forwards (steps whose every row verified), as the worker measured them.",
+        1e-6,
+    );
+    own.declare_scaled_counter(
+        SPEC_K0_TOKENS,
+        "Tokens K=0 would have emitted in the same verify time: each verify forward's time over the fitted cost of a one-token-per-row forward, times its rows.",
+        1e-3,
     );
 }
 
@@ -317,8 +383,8 @@ fn describe_link_faults() {
     );
 }
 
-/// The spec's series of one worker (every `specula_spec_decode*` name), labelled `model`,
-/// `worker` and `proposer`.
+/// The spec's series of one worker and request class (every `specula_spec_decode*` name with
+/// a `class` label), labelled `model`, `worker`, `proposer` and `class`.
 #[derive(Debug, Clone)]
 struct SpecSeries {
     steps: OwnCounter,
@@ -329,21 +395,28 @@ struct SpecSeries {
     emitted_tokens: OwnCounter,
     accepted_per_step: BinnedHistogram,
     drafted_per_step: BinnedHistogram,
+    offered_tokens: OwnCounter,
+    /// Counted in thousandths, rendered in tokens.
+    predicted_tokens: OwnCounter,
+}
+
+/// The label sets of a worker's spec series, one per class.
+fn spec_labels(model: &str, worker: &str, proposer: &str, classes: &[String]) -> Vec<Labels> {
+    classes
+        .iter()
+        .map(|class| Labels::new(model, worker, &[("proposer", proposer), ("class", class)]))
+        .collect()
 }
 
 impl SpecSeries {
-    /// Resolves (and exports at 0) the series, after retiring the worker's series under another
-    /// model or proposer: a worker that comes back with another proposer shows only the new one
-    /// (Prometheus keeps the old one's history).
-    fn new(model: &str, worker: &str, proposer: &str, num_spec_tokens: usize) -> Self {
-        let labels = Labels::new(model, worker, &[("proposer", proposer)]);
-        binned::retire(SPEC_SERIES, &labels);
-        let c = |name: &str| binned::counter(name, &labels, &[]);
+    /// Resolves (and exports at 0) the series of one label set.
+    fn new(labels: &Labels, num_spec_tokens: usize) -> Self {
+        let c = |name: &str| binned::counter(name, labels, &[]);
         let accepted_per_pos = (0..num_spec_tokens)
             .map(|i| {
                 binned::counter(
                     SPEC_ACCEPTED_PER_POS,
-                    &labels,
+                    labels,
                     &[("position", &i.to_string())],
                 )
             })
@@ -355,8 +428,10 @@ impl SpecSeries {
             accepted_tokens: c(SPEC_NUM_ACCEPTED_TOKENS),
             accepted_per_pos,
             emitted_tokens: c(SPEC_NUM_EMITTED_TOKENS),
-            accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, &labels),
-            drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, &labels),
+            accepted_per_step: binned::histogram(SPEC_ACCEPTED_PER_STEP, labels),
+            drafted_per_step: binned::histogram(SPEC_DRAFTED_PER_STEP, labels),
+            offered_tokens: c(SPEC_OFFERED_TOKENS),
+            predicted_tokens: c(SPEC_PREDICTED_TOKENS),
         }
     }
 
@@ -377,13 +452,53 @@ impl SpecSeries {
             .observe(per_length(f.accept_length_histogram()));
         self.drafted_per_step
             .observe(per_length(f.draft_length_histogram()));
+        self.offered_tokens.increment(f.offered_tokens());
+        self.predicted_tokens.increment(f.predicted_milli());
+    }
+}
+
+/// A worker's per-class series: the spec's, and the per-request acceptance histograms.
+#[derive(Debug, Clone)]
+struct ClassSeries {
+    spec: SpecSeries,
+    acceptance_rate: Histogram,
+    accepted_length: Histogram,
+}
+
+/// The drafting policy's per-worker series: verify time, its K = 0 estimate, the cost curve.
+#[derive(Debug, Clone)]
+struct PolicySeries {
+    /// Microseconds, rendered in seconds.
+    verify_seconds: OwnCounter,
+    /// Thousandths, rendered in tokens.
+    k0_tokens: OwnCounter,
+    /// One gauge per [`COST_POINT_TOKENS`] size.
+    verify_cost: Vec<Gauge>,
+}
+
+impl PolicySeries {
+    fn new(model: &str, worker: &str) -> Self {
+        let labels = Labels::new(model, worker, &[]);
+        let verify_cost = COST_POINT_TOKENS
+            .iter()
+            .map(|tokens| {
+                gauge!(SPEC_VERIFY_COST, "model" => model.to_owned(), "worker" => worker.to_owned(), "tokens" => tokens.to_string())
+            })
+            .collect();
+        Self {
+            verify_seconds: binned::counter(SPEC_VERIFY_SECONDS, &labels, &[]),
+            k0_tokens: binned::counter(SPEC_K0_TOKENS, &labels, &[]),
+            verify_cost,
+        }
     }
 }
 
 /// Metric handles of one worker, resolved once at hello so the hot path does no lookups.
 #[derive(Debug, Clone)]
 pub struct WorkerMetrics {
-    spec: SpecSeries,
+    /// Indexed by request class (the tracker's [`RequestClasses`](crate::tracker::RequestClasses)).
+    classes: Vec<ClassSeries>,
+    policy: PolicySeries,
     finished: [Counter; 4],
     prompt_tokens: Counter,
     prefix_cache_hits: Counter,
@@ -407,8 +522,34 @@ pub struct WorkerMetrics {
 
 impl WorkerMetrics {
     /// Resolves (and exports at 0) every series of worker `worker` serving `model` with K drafts
-    /// from `proposer`.
-    pub fn new(model: &str, worker: &str, proposer: &str, num_spec_tokens: usize) -> Self {
+    /// from `proposer`, one set of acceptance series per request class. The worker's series
+    /// under another model or proposer are retired: a worker that comes back with another
+    /// proposer shows only the new one (Prometheus keeps the old one's history).
+    pub fn new(
+        model: &str,
+        worker: &str,
+        proposer: &str,
+        num_spec_tokens: usize,
+        classes: &[String],
+    ) -> Self {
+        let spec_labels = spec_labels(model, worker, proposer, classes);
+        binned::retire(SPEC_SERIES, &spec_labels);
+        let classes = spec_labels
+            .iter()
+            .zip(classes)
+            .map(|(spec_labels, class)| {
+                let labels = [
+                    ("model", model.to_owned()),
+                    ("worker", worker.to_owned()),
+                    ("class", class.clone()),
+                ];
+                ClassSeries {
+                    spec: SpecSeries::new(spec_labels, num_spec_tokens),
+                    acceptance_rate: histogram!(REQUEST_ACCEPTANCE_RATE, &labels),
+                    accepted_length: histogram!(REQUEST_ACCEPTED_LENGTH, &labels),
+                }
+            })
+            .collect();
         let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
         let c = |name: &'static str| {
             let handle = counter!(name, &labels);
@@ -426,7 +567,8 @@ impl WorkerMetrics {
         });
         let kv_bytes = gauge!(KV_CACHE_BYTES, &labels);
         Self {
-            spec: SpecSeries::new(model, worker, proposer, num_spec_tokens),
+            classes,
+            policy: PolicySeries::new(model, worker),
             finished: FINISHED.map(c),
             prompt_tokens: c(PROMPT_TOKENS),
             prefix_cache_hits: c(PREFIX_CACHE_HITS),
@@ -463,9 +605,36 @@ impl WorkerMetrics {
         }
     }
 
+    /// The drafting policy's cost curve a heartbeat reported (sizes outside
+    /// [`COST_POINT_TOKENS`] are ignored: the label stays bounded).
+    pub fn set_verify_cost(&self, points: &[CostPoint]) {
+        for point in points.iter().take(MAX_COST_POINTS) {
+            if let Some(i) = COST_POINT_TOKENS.iter().position(|&t| t == point.tokens) {
+                if point.seconds.is_finite() && point.seconds >= 0.0 {
+                    self.policy.verify_cost[i].set(point.seconds);
+                }
+            }
+        }
+    }
+
     /// Adds one batch's (or sweep's) observations.
     pub fn apply(&self, obs: &Observations) {
-        self.spec.apply(&obs.figures);
+        for (series, figures) in self.classes.iter().zip(&obs.figures) {
+            series.spec.apply(figures);
+        }
+        for finished in &obs.finished_acceptance {
+            let Some(series) = self.classes.get(usize::from(finished.class)) else {
+                continue;
+            };
+            if let Some(rate) = finished.draft_acceptance_rate {
+                series.acceptance_rate.record(rate);
+            }
+            series.accepted_length.record(finished.mean_accepted_length);
+        }
+        if obs.verify_us > 0 {
+            self.policy.verify_seconds.increment(obs.verify_us);
+            self.policy.k0_tokens.increment(obs.k0_tokens_milli);
+        }
         for (handle, &n) in self.finished.iter().zip(&obs.finished) {
             if n > 0 {
                 handle.increment(n);

@@ -255,6 +255,7 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
                 prompt_tokens: 0,
                 cached_prompt_tokens: 0,
                 arrival_unix_ms: 0,
+                class: String::new(),
             });
         }
         let tokens: &[u32] = match event.kind {
@@ -267,6 +268,9 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
             tokens,
             drafted: event.drafted,
             accepted: event.accepted,
+            // The replay counts the spec's figures; the policy's are `--what-if`'s.
+            offered: event.drafted,
+            predicted_milli: 0,
             prefill: event.kind == EventKind::Prefill,
             preempted: event.kind == EventKind::Preempted,
             finish: event.finish,
@@ -278,6 +282,13 @@ pub fn to_batches(trace: &Trace, batching: Batching) -> (Vec<StepBatch>, Vec<Str
         batches.push(batch);
     }
     (batches, names)
+}
+
+/// The spec's figures alone: a replay knows no predictions, so it reports none.
+fn spec_only(mut metrics: SpeculateMetrics) -> SpeculateMetrics {
+    metrics.num_offered_tokens = None;
+    metrics.predicted_accepted_tokens = None;
+    metrics
 }
 
 /// Replays `trace` through a fresh [`Ingest`] as one synthetic worker.
@@ -322,7 +333,7 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
                 finals.insert(
                     output.id,
                     ReplayRequest {
-                        metrics: output.speculate_metrics.as_deref().cloned(),
+                        metrics: output.speculate_metrics.as_deref().cloned().map(spec_only),
                         finish_reason: Some(reason),
                     },
                 );
@@ -339,7 +350,8 @@ pub fn run(trace: &Trace, batching: Batching) -> ReplayResult {
             let entry = finals.remove(&id).unwrap_or_else(|| ReplayRequest {
                 metrics: ingest
                     .in_flight_metrics(REPLAY_WORKER, id)
-                    .filter(|_| speculating),
+                    .filter(|_| speculating)
+                    .map(spec_only),
                 finish_reason: None,
             });
             (name, entry)

@@ -98,6 +98,7 @@ impl Synth {
                     prompt_tokens: self.rng.gen_range(32..544),
                     cached_prompt_tokens: 0,
                     arrival_unix_ms: 0,
+                    class: String::new(),
                 });
                 (0, 0, 1, true)
             } else {
@@ -130,6 +131,8 @@ impl Synth {
                 tokens: &self.tokens,
                 drafted,
                 accepted,
+                offered: drafted,
+                predicted_milli: u16::from(accepted) * 1000,
                 prefill,
                 preempted: false,
                 finish,

@@ -190,6 +190,7 @@ fn batch(epoch: u64, seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> Work
                 prompt_tokens: 5,
                 cached_prompt_tokens: 2,
                 arrival_unix_ms: 0,
+                class: String::new(),
             });
         }
         b.push(StepRow {
@@ -197,6 +198,8 @@ fn batch(epoch: u64, seq: u64, rows: &[Row<'_>], starts: &[(u64, &str)]) -> Work
             tokens,
             drafted: d,
             accepted: a,
+            offered: d,
+            predicted_milli: 0,
             prefill,
             preempted: false,
             finish,
@@ -464,7 +467,7 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     assert_eq!(status, 200);
     let labels = format!("{{model=\"smol\",worker=\"{WORKER}\"}}");
     // The spec's series carry the worker's proposer too.
-    let spec = format!("{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\"}}");
+    let spec = format!("{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",class=\"other\"}}");
     assert_eq!(
         metric(&text, &format!("specula_spec_decode_num_steps_total{spec}")),
         4.0
@@ -498,21 +501,21 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         11.0
     );
     let pos = |i: usize| {
-        format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",position=\"{i}\"}}")
+        format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",class=\"other\",position=\"{i}\"}}")
     };
     assert_eq!(
         [0, 1, 2, 3].map(|i| metric(&text, &pos(i))),
         [3.0, 2.0, 1.0, 1.0]
     );
     let bucket = |le: &str| {
-        format!("specula_spec_decode_accepted_drafts_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",le=\"{le}\"}}")
+        format!("specula_spec_decode_accepted_drafts_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",class=\"other\",le=\"{le}\"}}")
     };
     assert_eq!(
         ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &bucket(le))),
         [1.0, 2.0, 3.0, 3.0, 4.0, 4.0]
     );
     let drafted = |le: &str| {
-        format!("specula_spec_decode_drafted_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",le=\"{le}\"}}")
+        format!("specula_spec_decode_drafted_per_step_bucket{{model=\"smol\",worker=\"{WORKER}\",proposer=\"ngram\",class=\"other\",le=\"{le}\"}}")
     };
     assert_eq!(
         ["0", "1", "2", "3", "4", "+Inf"].map(|le| metric(&text, &drafted(le))),
@@ -605,7 +608,9 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
         .await;
     restarted.acked_through(2).await;
     let (_, text) = http_get(http_port, "/metrics").await.unwrap();
-    let spec = format!("{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\"}}");
+    let spec = format!(
+        "{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\",class=\"other\"}}"
+    );
     assert_eq!(
         metric(&text, &format!("specula_spec_decode_num_steps_total{spec}")),
         1.0
@@ -613,7 +618,7 @@ async fn the_binary_tracks_forwards_exports_and_shuts_down() {
     assert_eq!(
         metric(
             &text,
-            &format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\",position=\"0\"}}")
+            &format!("specula_spec_decode_num_accepted_tokens_per_pos_total{{model=\"smol\",worker=\"{WORKER}\",proposer=\"draft:smol-q4\",class=\"other\",position=\"0\"}}")
         ),
         1.0
     );

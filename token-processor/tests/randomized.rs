@@ -162,6 +162,7 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                         prompt_tokens: (id % 50) as u32 + 1,
                         cached_prompt_tokens: (id % 50) as u32 / 2,
                         arrival_unix_ms: ms,
+                        class: String::new(),
                     });
                 }
                 let roll: f64 = rng.gen();
@@ -171,6 +172,8 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                     tokens: &[],
                     drafted: 0,
                     accepted: 0,
+                    offered: 0,
+                    predicted_milli: 0,
                     prefill: false,
                     preempted: false,
                     finish: None,
@@ -200,6 +203,7 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
                     let a = rng.gen_range(0..=d);
                     row.drafted = d;
                     row.accepted = a;
+                    (row.offered, row.predicted_milli) = policy_of(w.k, d);
                     sim.steps.push((d, a));
                     let end: f64 = rng.gen();
                     if end < 0.05 {
@@ -289,6 +293,18 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
             drafted[usize::from(d)] += 1;
         }
         assert_eq!(m.draft_length_histogram, drafted);
+        // The policy's figures: summed per request, absent when nothing was offered.
+        let offered: u64 = (sim.steps.iter())
+            .map(|&(d, _)| u64::from(policy_of(workers[*wi].k, d).0))
+            .sum();
+        let predicted: u64 = (sim.steps.iter())
+            .map(|&(d, _)| u64::from(policy_of(workers[*wi].k, d).1))
+            .sum();
+        assert_eq!(m.num_offered_tokens, (offered > 0).then_some(offered));
+        assert_eq!(
+            m.predicted_accepted_tokens,
+            (offered > 0).then_some(predicted as f64 / 1e3)
+        );
         for i in 0..k {
             let want = if reach[i] == 0 {
                 0.0
@@ -304,10 +320,18 @@ fn hundred_thousand_requests_leave_no_state_and_counters_equal_the_sums() {
         }
         for &(d, a) in &sim.steps {
             sums[*wi].record(d, a);
+            let (offered, predicted) = policy_of(workers[*wi].k, d);
+            sums[*wi].record_policy(offered, predicted);
         }
     }
     assert!(lost > 0, "the restart failed some requests");
     for (w, sum) in workers.iter().zip(&sums) {
         assert_eq!(ingest.totals(&w.id).unwrap(), sum, "totals of {}", w.id);
     }
+}
+
+/// The policy's figures of a step that drafted `d` with K = `k`: one token more offered than
+/// verified (up to K), and 0.6 of each verified token predicted accepted.
+fn policy_of(k: u8, d: u8) -> (u8, u16) {
+    ((d + 1).min(k).max(d), u16::from(d) * 600)
 }

@@ -148,6 +148,7 @@ impl Engine for EngineClient {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
             owner: shared.config.api_server_id.clone(),
+            class: request.class,
         };
         if shared.worker_tx[worker]
             .try_send(ApiToWorker::Add(add))

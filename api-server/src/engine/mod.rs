@@ -72,6 +72,8 @@ pub struct SubmitRequest {
     pub sampling: SamplingParams,
     pub stop: StopConditions,
     pub max_tokens: u32,
+    /// The request's resolved class (a configured one, or `other`).
+    pub class: String,
 }
 
 /// How long a request may wait for room under the admission bound before its 429, by default.

@@ -64,6 +64,9 @@ pub struct GenerateSpec {
     /// Each choice's text starts with its prompt's (completions' `echo`), and its logprobs
     /// with the prompt's when it asked for logprobs.
     pub echo: bool,
+    /// The request's class: `metadata.class` as sent, until the route resolves it (a header
+    /// the operator names wins, and a class that is not configured is `other`).
+    pub class: String,
 }
 
 /// `max_tokens` when the request gives none.
@@ -345,6 +348,7 @@ pub fn generate_spec(
         include_usage,
         tokens_as_ids: fields.return_tokens_as_token_ids.unwrap_or(false),
         echo: false,
+        class: metadata_class(fields.metadata.as_ref()),
     })
 }
 
@@ -642,8 +646,18 @@ fn json_schema(spec: Option<&Value>) -> Result<String, ApiError> {
     }
 }
 
-/// `metadata`: accepted without effect, within OpenAI's bounds (16 pairs, keys of 64
-/// characters, string values of 512).
+/// `metadata.class`, the request's class as the client names it ("" without one); only a
+/// configured class labels the acceptance series (`--request-classes`).
+fn metadata_class(metadata: Option<&Value>) -> String {
+    metadata
+        .and_then(|m| m.get("class"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `metadata`: within OpenAI's bounds (16 pairs, keys of 64 characters, string values of
+/// 512); its `class` names the request's class, the rest has no effect.
 fn metadata(metadata: Option<&Value>) -> Result<(), ApiError> {
     let pairs = match metadata {
         None | Some(Value::Null) => return Ok(()),

@@ -70,10 +70,11 @@ pub async fn handle<E: Engine, F: Flavour>(
     let Parsed { value: req, heavy } = read_json::<F::Request>(&headers, body, &state.body).await?;
     check_model(F::model(&req), &state.model_names)?;
     let (assets, limits) = (Arc::clone(&state.model), state.limits());
-    let spec = state
+    let mut spec = state
         .body
         .run(heavy, move || F::spec(req, &assets, &limits))
         .await?;
+    spec.class = state.request_classes.resolve(&headers, &spec.class);
     let tokenizer = &state.model.tokenizer;
     let lanes = start_choices(
         &state.engine,

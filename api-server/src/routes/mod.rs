@@ -23,6 +23,7 @@ use crate::memory::{track_activity, IdleTrim};
 use crate::model::ModelAssets;
 use crate::openai::validate::Limits;
 use crate::origin::{check_origin, AllowedOrigins};
+use crate::request_class::RequestClasses;
 
 /// Everything a handler needs; cheap to clone. `E` is the engine: the ZeroMQ client in the
 /// product, an in-process fake in route tests.
@@ -48,6 +49,8 @@ pub struct AppState<E = EngineClient> {
     pub started_unix: u64,
     /// Activity of the generation routes, for trimming the heap once idle.
     pub idle_trim: Arc<IdleTrim>,
+    /// How a request's class is named (a header, `metadata.class`) and which are configured.
+    pub request_classes: Arc<RequestClasses>,
 }
 
 impl<E: Engine> AppState<E> {

@@ -78,6 +78,7 @@ pub fn state<E>(engine: E, timeout: Duration) -> AppState<E> {
         body: api_server::body::BodyLimits::new(64 * 1024, Duration::from_secs(5), 2),
         started_unix: 0,
         idle_trim: Default::default(),
+        request_classes: Default::default(),
     }
 }
 
@@ -161,6 +162,8 @@ pub fn fake_metrics(seed: u64) -> SpeculateMetrics {
         draft_acceptance_rate: 0.5,
         accept_length_histogram: vec![1, 1, 0],
         draft_length_histogram: vec![seed.saturating_sub(1), 0, 1],
+        num_offered_tokens: Some(3),
+        predicted_accepted_tokens: Some(0.75),
     }
 }
 

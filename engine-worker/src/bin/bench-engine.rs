@@ -117,6 +117,7 @@ fn add_requests<B: engine_worker::backend::Backend>(
                 max_tokens: tokens,
                 arrival_unix_ms: 0,
                 owner: "bench".into(),
+                class: "other".into(),
             })
             .map_err(|r| anyhow::anyhow!("rejected: {r:?}"))?;
     }

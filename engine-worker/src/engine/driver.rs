@@ -8,7 +8,7 @@ use super::calibrate::{calibrate, calibrate_draft};
 use super::config::{validate_request, EngineConfig, ProposerKind};
 use super::prompt_logprobs::compute_prompt_logprobs;
 use super::retained::{RetainBounds, Retained};
-use super::rows::{RowKind, RowOut, StartInfo};
+use super::rows::{RowKind, RowOut, RowPolicy, StartInfo};
 use super::stop::StopRules;
 use super::structured;
 use crate::backend::{Backend, LogitsFor, SeqForward, TokenChoice};
@@ -26,6 +26,14 @@ use vocab::TokenBytes;
 /// along its last segment beyond it.
 const CALIBRATION_MAX_TOKENS: usize = 64;
 
+/// Per running row, the drafts it verifies with their match strength, and the proposer's whole
+/// offer.
+type PlannedDrafts = (Vec<(Vec<u32>, usize)>, Vec<Vec<u32>>);
+
+/// Stands in the trace for offered draft tokens a model drafter never ran (it drafts only
+/// what the policy verifies): a token id no vocabulary has, so it never matches an output.
+const NOT_DRAFTED: u32 = u32::MAX;
+
 /// The match strength a model drafter's drafts are planned and learned under: the acceptance
 /// table then holds its acceptance by draft position alone.
 const MODEL_DRAFT_STRENGTH: usize = 1;
@@ -35,6 +43,8 @@ const MODEL_DRAFT_STRENGTH: usize = 1;
 struct RowVerdict {
     strength: usize,
     verdict: Verdict,
+    /// What the drafting policy saw and predicted of this row's draft.
+    policy: RowPolicy,
 }
 
 pub struct Engine<B: Backend> {
@@ -55,6 +65,8 @@ pub struct Engine<B: Backend> {
     retained: Retained,
     /// Compiles requests' `response_format` over the vocabulary (None without one).
     grammars: Option<grammar::Compiler>,
+    /// The last step's verify forward, when the whole step was one.
+    last_verify_timing: Option<proto::worker_tp::VerifyTiming>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -141,6 +153,7 @@ impl<B: Backend> Engine<B> {
             pending: Vec::new(),
             retained: Retained::new(RetainBounds::default()),
             grammars,
+            last_verify_timing: None,
         })
     }
 
@@ -213,6 +226,12 @@ impl<B: Backend> Engine<B> {
 
     pub fn planner(&self) -> &DraftPlanner {
         &self.planner
+    }
+
+    /// The last step's verify forward time and what K = 0 would have emitted in it (None when
+    /// the step was not a pure verify step).
+    pub fn last_verify_timing(&self) -> Option<proto::worker_tp::VerifyTiming> {
+        self.last_verify_timing
     }
 
     /// `ngram`, `suffix`, `draft:<model>`, `layers:<N>`, or `none` without speculation.
@@ -322,6 +341,9 @@ impl<B: Backend> Engine<B> {
             prefilled: false,
             drafted: Vec::new(),
             accepted: Vec::new(),
+            offered: Vec::new(),
+            predicted_milli: Vec::new(),
+            class: req.class,
             acceptance: RequestAcceptance::default(),
             announced: false,
             output_bytes: Vec::new(),
@@ -380,6 +402,7 @@ impl<B: Backend> Engine<B> {
             prompt_logprobs: Vec::new(),
             drafted: 0,
             accepted: 0,
+            policy: RowPolicy::default(),
             finish: Some(finish),
             start: take_start(&mut seq),
         };
@@ -430,6 +453,7 @@ impl<B: Backend> Engine<B> {
                 prompt_logprobs: Vec::new(),
                 drafted: 0,
                 accepted: 0,
+                policy: RowPolicy::default(),
                 finish: None,
                 start: None,
             });
@@ -455,7 +479,8 @@ impl<B: Backend> Engine<B> {
 
     /// Proposes and plans each sequence's drafts: the tokens it verifies and the strength of
     /// the match they come from.
-    fn plan_drafts(&mut self) -> Result<Vec<(Vec<u32>, usize)>, crate::EngineError> {
+    /// Also returns each row's offer: the proposer's whole draft and how many tokens that is.
+    fn plan_drafts(&mut self) -> Result<PlannedDrafts, crate::EngineError> {
         if self.drafter.is_some() {
             return self.plan_model_drafts();
         }
@@ -463,7 +488,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Lookups are free: propose up to K, then keep what pays.
-    fn plan_lookup_drafts(&mut self) -> Vec<(Vec<u32>, usize)> {
+    fn plan_lookup_drafts(&mut self) -> PlannedDrafts {
         let running = self.scheduler.running();
         let mut proposals: Vec<(Vec<u32>, usize)> = running
             .iter()
@@ -479,7 +504,8 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         if self.proposer.is_none() {
-            return proposals;
+            let offers = vec![Vec::new(); proposals.len()];
+            return (proposals, offers);
         }
         // A prompt in the step is no reason to draft: the drafts would delay its first token,
         // and its tokens cost less than verify tokens (one logits row). Plan as if the verify
@@ -499,15 +525,16 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         let lengths = self.planner.plan(&candidates, verify_rows, None);
+        let offers = proposals.iter().map(|(drafts, _)| drafts.clone()).collect();
         for ((drafts, _), length) in proposals.iter_mut().zip(lengths) {
             drafts.truncate(length);
         }
-        proposals
+        (proposals, offers)
     }
 
     /// Drafting by model costs forwards: plan each sequence's draft length first (verify and
     /// draft forwards priced), then draft exactly that, all sequences together.
-    fn plan_model_drafts(&mut self) -> Result<Vec<(Vec<u32>, usize)>, crate::EngineError> {
+    fn plan_model_drafts(&mut self) -> Result<PlannedDrafts, crate::EngineError> {
         let running = self.scheduler.running();
         let drafter = self.drafter.as_mut().expect("checked by plan_drafts");
         let drafting = |s: &Sequence| s.phase() != SequencePhase::Prefill;
@@ -556,7 +583,17 @@ impl<B: Backend> Engine<B> {
         {
             proposals[row].0 = drafts;
         }
-        Ok(proposals)
+        // A model drafts only what the policy asked for; it offered what the row may carry.
+        let offers = candidates
+            .iter()
+            .zip(&proposals)
+            .map(|(c, (drafts, _))| {
+                let mut offer = drafts.clone();
+                offer.resize(c.proposed.max(drafts.len()), NOT_DRAFTED);
+                offer
+            })
+            .collect();
+        Ok((proposals, offers))
     }
 
     /// Sequence `id` is gone: its proposer or drafter state goes too.
@@ -576,7 +613,7 @@ impl<B: Backend> Engine<B> {
         // Before drafting: early exit reads the target's cache of every position but the last.
         recompute_resumed(&mut self.backend, self.scheduler.running())?;
         let planning = std::time::Instant::now();
-        let mut planned = self.plan_drafts()?;
+        let (mut planned, offers) = self.plan_drafts()?;
         let max_drafts: Vec<usize> = (self.scheduler.running().iter())
             .map(|s| self.scheduler.max_drafts(s))
             .collect();
@@ -586,6 +623,7 @@ impl<B: Backend> Engine<B> {
             self.drafter.is_none(),
             &max_drafts,
         );
+        let policies = self.row_policies(&planned, offers, &max_drafts);
         let plan_us = planning.elapsed().as_micros() as u64;
         let running = self.scheduler.running();
         let chunks = verify_chunks(running, &planned);
@@ -632,14 +670,53 @@ impl<B: Backend> Engine<B> {
             forward_us = (seconds * 1e6) as u64,
             "step"
         );
+        self.last_verify_timing = None;
         if verify_rows == forwards.len() {
             self.planner.observe_forward(tokens, seconds);
+            self.last_verify_timing = Some(proto::worker_tp::VerifyTiming {
+                micros: (seconds * 1e6).min(f64::from(u32::MAX)) as u32,
+                k0_tokens_milli: (self.planner.k0_tokens(verify_rows, seconds) * 1e3)
+                    .min(f64::from(u32::MAX)) as u32,
+            });
         }
         Ok(verdicts
             .into_iter()
             .zip(planned)
-            .map(|(verdict, (_, strength))| RowVerdict { strength, verdict })
+            .zip(policies)
+            .map(|((verdict, (_, strength)), policy)| RowVerdict {
+                strength,
+                verdict,
+                policy,
+            })
             .collect())
+    }
+
+    /// Per row, what the policy was offered and what it predicts of the draft it verifies (the
+    /// final one, after a grammar dropped or forced tokens).
+    fn row_policies(
+        &self,
+        planned: &[(Vec<u32>, usize)],
+        offers: Vec<Vec<u32>>,
+        max_drafts: &[usize],
+    ) -> Vec<RowPolicy> {
+        let running = self.scheduler.running();
+        running
+            .iter()
+            .zip(planned)
+            .zip(offers)
+            .zip(max_drafts)
+            .map(|(((s, (drafts, strength)), offer), &max)| {
+                let offered = offer.len().max(drafts.len()).min(max.max(drafts.len()));
+                let predicted =
+                    self.planner
+                        .expected_accepted(&s.acceptance, *strength, drafts.len());
+                RowPolicy {
+                    offered: offered.min(usize::from(u8::MAX)) as u8,
+                    predicted_milli: (predicted * 1e3).round().min(f64::from(u16::MAX)) as u16,
+                    offer,
+                }
+            })
+            .collect()
     }
 
     fn apply(&mut self, verdicts: Vec<RowVerdict>, rows: &mut Vec<RowOut>) {
@@ -680,9 +757,15 @@ impl<B: Backend> Engine<B> {
             } else {
                 cached_after
             };
+            let policy = match kind {
+                RowKind::Verify => v.policy,
+                _ => RowPolicy::default(),
+            };
             if kind == RowKind::Verify {
                 seq.drafted.push(drafted as u8);
                 seq.accepted.push(accepted as u8);
+                seq.offered.push(policy.offered);
+                seq.predicted_milli.push(policy.predicted_milli);
                 self.planner
                     .observe_verdict(&mut seq.acceptance, v.strength, drafted, accepted);
             }
@@ -704,6 +787,7 @@ impl<B: Backend> Engine<B> {
                 prompt_logprobs,
                 drafted: drafted as u8,
                 accepted: accepted as u8,
+                policy,
                 finish,
                 start: take_start(seq),
             });
@@ -833,6 +917,9 @@ fn resync_of(s: &Sequence, finish: Option<FinishReason>) -> ResyncRequest {
         tokens: s.output().to_vec(),
         drafted: s.drafted.clone(),
         accepted: s.accepted.clone(),
+        offered: s.offered.clone(),
+        predicted_milli: s.predicted_milli.clone(),
+        class: s.class.clone(),
         finish: finish.map_or(0, FinishReason::code),
         logprobs: s.logprobs.clone(),
         prompt_logprobs: s.prompt_logprobs.clone(),
@@ -849,6 +936,7 @@ fn take_start(seq: &mut Sequence) -> Option<StartInfo> {
         prompt_tokens: seq.prompt_len as u32,
         cached_prompt_tokens: seq.cached_prompt_tokens as u32,
         arrival_unix_ms: seq.arrival_unix_ms,
+        class: seq.class.clone(),
     })
 }
 

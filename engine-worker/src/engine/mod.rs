@@ -13,6 +13,6 @@ mod structured;
 pub use config::{EngineConfig, ProposerKind};
 pub use driver::Engine;
 pub use retained::{RetainBounds, Retained};
-pub use rows::{to_step_batch, RowKind, RowOut, StartInfo};
+pub use rows::{to_step_batch, RowKind, RowOut, RowPolicy, StartInfo};
 // The vocabulary crate's types, under the names the engine's callers already use.
 pub use vocab::{TokenBytes, VocabKind};

@@ -50,7 +50,15 @@ fn cost(r: &ResyncRequest) -> usize {
         .chain(&r.prompt_logprobs)
         .map(proto::TokenLogprob::heap_bytes)
         .sum();
-    r.tokens.len() * 4 + logprobs + r.drafted.len() + r.accepted.len() + r.owner.len() + 96
+    r.tokens.len() * 4
+        + logprobs
+        + r.drafted.len()
+        + r.accepted.len()
+        + r.offered.len()
+        + r.predicted_milli.len() * 2
+        + r.class.len()
+        + r.owner.len()
+        + 96
 }
 
 impl Retained {
@@ -211,6 +219,9 @@ mod tests {
             tokens: vec![7; tokens],
             drafted: vec![2; tokens / 2],
             accepted: vec![1; tokens / 2],
+            offered: vec![2; tokens / 2],
+            predicted_milli: vec![1500; tokens / 2],
+            class: "other".into(),
             finish: 1,
             logprobs: Vec::new(),
             prompt_logprobs: Vec::new(),

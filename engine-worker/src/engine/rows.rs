@@ -1,6 +1,7 @@
 //! One step's outcome per request, and its wire form ([`StepBatch`]).
 
-use proto::worker_tp::{RequestStart, StepBatch, StepRow};
+use proto::worker_tp::{RequestStart, StepBatch, StepRow, VerifyTiming};
+
 use proto::{FinishReason, RequestId, TokenLogprob};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,19 @@ pub struct StartInfo {
     /// Of them, those the prefix cache held.
     pub cached_prompt_tokens: u32,
     pub arrival_unix_ms: u64,
+    pub class: String,
+}
+
+/// One row's draft as the policy saw it: the proposer's whole offer (the verified draft is its
+/// prefix, unless a grammar replaced it) and the accepted tokens predicted for what is verified.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowPolicy {
+    /// Tokens offered, never fewer than the verified draft, never more than the row may carry.
+    pub offered: u8,
+    /// Expected accepted tokens of the verified draft, in thousandths.
+    pub predicted_milli: u16,
+    /// The offered tokens themselves (a model drafter offers what it drafted).
+    pub offer: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -37,12 +51,22 @@ pub struct RowOut {
     pub prompt_logprobs: Vec<TokenLogprob>,
     pub drafted: u8,
     pub accepted: u8,
+    /// What the drafting policy was offered and predicted (defaults on rows that verify
+    /// nothing).
+    pub policy: RowPolicy,
     pub finish: Option<FinishReason>,
     pub start: Option<StartInfo>,
 }
 
-/// Packs a step's rows into the numbered batch the token-processor reads.
-pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> StepBatch {
+/// Packs a step's rows, and its verify forward's timing, into the numbered batch the
+/// token-processor reads.
+pub fn to_step_batch(
+    rows: &[RowOut],
+    verify_timing: Option<VerifyTiming>,
+    worker_id: &str,
+    epoch: u64,
+    seq: u64,
+) -> StepBatch {
     let mut batch = StepBatch::new(worker_id.to_owned(), epoch, seq);
     for (i, row) in rows.iter().enumerate() {
         if let Some(start) = &row.start {
@@ -52,6 +76,7 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
                 prompt_tokens: start.prompt_tokens,
                 cached_prompt_tokens: start.cached_prompt_tokens,
                 arrival_unix_ms: start.arrival_unix_ms,
+                class: start.class.clone(),
             });
         }
         batch.push(StepRow {
@@ -59,6 +84,8 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
             tokens: &row.tokens,
             drafted: row.drafted,
             accepted: row.accepted,
+            offered: row.policy.offered,
+            predicted_milli: row.policy.predicted_milli,
             prefill: row.kind == RowKind::Prefill,
             preempted: row.kind == RowKind::Preempted,
             finish: row.finish,
@@ -66,5 +93,6 @@ pub fn to_step_batch(rows: &[RowOut], worker_id: &str, epoch: u64, seq: u64) -> 
             prompt_logprobs: &row.prompt_logprobs,
         });
     }
+    batch.verify_timing = verify_timing;
     batch
 }

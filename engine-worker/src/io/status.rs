@@ -1,10 +1,15 @@
 //! State the step loop publishes for the I/O tasks' hellos and heartbeats.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use proto::worker_tp::{Heartbeat, KvBlocks, WorkerHello};
+use proto::worker_tp::{CostPoint, Heartbeat, KvBlocks, WorkerHello};
+
+use crate::spec::DraftPlanner;
+
+/// How often the heartbeat's cost curve is refreshed from the planner.
+const COST_REFRESH: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub struct WorkerStatus {
@@ -25,6 +30,8 @@ pub struct WorkerStatus {
     kv_used: AtomicU32,
     kv_cached: AtomicU32,
     kv_free: AtomicU32,
+    /// The policy's verify-cost curve, refreshed by the step loop at most once a second.
+    verify_cost: Mutex<(Option<Instant>, Vec<CostPoint>)>,
     max_num_seqs: AtomicU32,
     /// Sent only to token-processors (`WorkerHello::session`).
     session: u64,
@@ -69,6 +76,7 @@ impl WorkerStatus {
             kv_used: AtomicU32::new(0),
             kv_cached: AtomicU32::new(0),
             kv_free: AtomicU32::new(0),
+            verify_cost: Mutex::new((None, Vec::new())),
             max_num_seqs: AtomicU32::new(0),
             session: rand::random::<u64>() | 1,
             ready: AtomicBool::new(false),
@@ -119,6 +127,22 @@ impl WorkerStatus {
     pub fn set_kv_bytes(&self, target: u64, draft: u64) {
         self.kv_bytes.store(target, Ordering::SeqCst);
         self.draft_kv_bytes.store(draft, Ordering::SeqCst);
+    }
+
+    /// The policy's fitted verify cost, for the heartbeats (without speculation none). The curve
+    /// moves slowly (one forward moves its scale by 5%), so once a second is enough.
+    pub fn publish_verify_cost(&self, planner: &DraftPlanner) {
+        if self.num_spec_tokens == 0 {
+            return;
+        }
+        let mut cost = self.verify_cost.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if cost
+            .0
+            .is_none_or(|at| now.duration_since(at) >= COST_REFRESH)
+        {
+            *cost = (Some(now), planner.cost_points());
+        }
     }
 
     /// The KV-cache blocks' use, for the heartbeats.
@@ -232,6 +256,12 @@ impl WorkerStatus {
                 cached: self.kv_cached.load(Ordering::SeqCst),
                 free: self.kv_free.load(Ordering::SeqCst),
             },
+            verify_cost: self
+                .verify_cost
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
+                .clone(),
         }
     }
 }

@@ -89,14 +89,21 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
         }
         if engine.has_work() {
             let rows = engine.step();
+            let timing = engine.last_verify_timing();
             if !rows.is_empty() {
                 if let Some(trace) = io.trace.as_mut() {
-                    if let Err(err) = trace.record(&rows) {
+                    if let Err(err) = trace.record(&rows, timing) {
                         tracing::error!(error = %err, "cannot write acceptance trace; tracing stops");
                         io.trace = None;
                     }
                 }
-                let batch = to_step_batch(&rows, &io.status.worker_id, io.status.epoch, next_seq);
+                let batch = to_step_batch(
+                    &rows,
+                    timing,
+                    &io.status.worker_id,
+                    io.status.epoch,
+                    next_seq,
+                );
                 next_seq += 1;
                 let msg = TpOutbound::Step(batch);
                 if draining_done {
@@ -114,6 +121,7 @@ pub fn run_step_loop<B: Backend>(mut engine: Engine<B>, mut io: StepLoopIo) {
         io.status
             .publish(next_seq, engine.num_running(), engine.num_waiting());
         io.status.publish_kv(engine.kv_blocks());
+        io.status.publish_verify_cost(engine.planner());
         let (retained, retained_bytes, evicted) = engine.retained_stats();
         io.status
             .publish_retained(retained, retained_bytes, evicted);

@@ -35,6 +35,12 @@ pub struct Sequence {
     /// `(drafted, accepted)` of every verification step, for resyncs.
     pub drafted: Vec<u8>,
     pub accepted: Vec<u8>,
+    /// Per verification step, the tokens offered and the accepted tokens predicted (the
+    /// policy's figures), for resyncs.
+    pub offered: Vec<u8>,
+    pub predicted_milli: Vec<u16>,
+    /// The request's class, passed through to the token-processor.
+    pub class: String,
     /// How this request's drafts fared against the worker's acceptance table.
     pub acceptance: RequestAcceptance,
     /// The request already appeared in a step batch (its start facts were sent).

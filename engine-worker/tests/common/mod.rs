@@ -234,6 +234,7 @@ pub fn request(
         max_tokens,
         arrival_unix_ms: 0,
         owner: "test-api".into(),
+        class: "other".into(),
     }
 }
 

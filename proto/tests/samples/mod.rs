@@ -50,6 +50,16 @@ pub fn heartbeat() -> Heartbeat {
             cached: 30,
             free: 2006,
         },
+        verify_cost: vec![
+            proto::worker_tp::CostPoint {
+                tokens: 1,
+                seconds: 0.006,
+            },
+            proto::worker_tp::CostPoint {
+                tokens: 8,
+                seconds: 0.0165,
+            },
+        ],
     }
 }
 
@@ -67,6 +77,8 @@ pub fn step_batch() -> StepBatch {
         tokens: &[504],
         drafted: 0,
         accepted: 0,
+        offered: 0,
+        predicted_milli: 0,
         prefill: true,
         preempted: false,
         finish: None,
@@ -79,12 +91,15 @@ pub fn step_batch() -> StepBatch {
         prompt_tokens: 12,
         cached_prompt_tokens: 0,
         arrival_unix_ms: 1_764_460_000_000,
+        class: "code".into(),
     });
     b.push(StepRow {
         id: 9,
         tokens: &[3575, 282, 4649],
         drafted: 4,
         accepted: 2,
+        offered: 4,
+        predicted_milli: 1750,
         prefill: false,
         preempted: false,
         finish: None,
@@ -109,6 +124,8 @@ pub fn step_batch() -> StepBatch {
         tokens: &[],
         drafted: 0,
         accepted: 0,
+        offered: 0,
+        predicted_milli: 0,
         prefill: false,
         preempted: true,
         finish: None,
@@ -120,11 +137,17 @@ pub fn step_batch() -> StepBatch {
         tokens: &[2],
         drafted: 3,
         accepted: 0,
+        offered: 4,
+        predicted_milli: 1200,
         prefill: false,
         preempted: false,
         finish: Some(FinishReason::Stop),
         logprobs: &[],
         prompt_logprobs: &[],
+    });
+    b.verify_timing = Some(proto::worker_tp::VerifyTiming {
+        micros: 21_500,
+        k0_tokens_milli: 2_870,
     });
     b
 }
@@ -144,6 +167,9 @@ pub fn resync() -> Resync {
             tokens: vec![1, 2, 3, 4, 5, 6],
             drafted: vec![4, 0],
             accepted: vec![3, 0],
+            offered: vec![4, 2],
+            predicted_milli: vec![2_400, 0],
+            class: "chat".into(),
             finish: 0,
             logprobs: (1..=6)
                 .map(|i| TokenLogprob {
@@ -193,6 +219,7 @@ pub fn add_request() -> AddRequest {
         max_tokens: 64,
         arrival_unix_ms: 1_764_460_000_000,
         owner: "api-a".into(),
+        class: "extraction".into(),
     }
 }
 
@@ -211,6 +238,8 @@ pub fn speculate_metrics() -> SpeculateMetrics {
         draft_acceptance_rate: 0.5,
         accept_length_histogram: vec![4, 1, 2, 0, 1],
         draft_length_histogram: vec![2, 1, 1, 1, 3],
+        num_offered_tokens: Some(26),
+        predicted_accepted_tokens: Some(8.5),
     }
 }
 

@@ -25,6 +25,7 @@
 //!   and the requests it names fail.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use link::Liveness;
@@ -37,7 +38,7 @@ use proto::worker_tp::{
 use proto::{RequestId, SpeculateMetrics};
 
 use crate::metrics::{self, WorkerMetrics};
-use crate::tracker::{Clock, Figures, Observations, Outbox, Tracker};
+use crate::tracker::{Clock, Figures, Observations, Outbox, RequestClasses, Tracker};
 
 pub use proto::worker_tp::MAX_SPEC_TOKENS;
 
@@ -47,6 +48,8 @@ pub struct IngestConfig {
     pub max_requests_per_worker: usize,
     /// Workers tracked at once; hellos beyond it are refused.
     pub max_workers: usize,
+    /// The request classes that label the acceptance series (anything else is `other`).
+    pub classes: Arc<RequestClasses>,
 }
 
 impl Default for IngestConfig {
@@ -54,6 +57,7 @@ impl Default for IngestConfig {
         Self {
             max_requests_per_worker: 65_536,
             max_workers: 256,
+            classes: Arc::default(),
         }
     }
 }
@@ -92,11 +96,12 @@ impl WorkerEntry {
     /// Sends the accumulated observations to the metrics and the running totals.
     fn flush(&mut self, totals: &mut HashMap<String, Figures>) {
         self.metrics.apply(&self.obs);
-        if !self.obs.figures.is_zero() {
+        if self.obs.figures.iter().any(|f| !f.is_zero()) {
+            let figures = self.obs.total_figures();
             match totals.get_mut(&self.hello.worker_id) {
-                Some(total) => total.add(&self.obs.figures),
+                Some(total) => total.add(&figures),
                 None => {
-                    totals.insert(self.hello.worker_id.clone(), self.obs.figures.clone());
+                    totals.insert(self.hello.worker_id.clone(), figures);
                 }
             }
         }
@@ -125,6 +130,7 @@ impl WorkerEntry {
                 &self.hello.worker_id,
                 &self.hello.proposer,
                 self.hello.num_spec_tokens as usize,
+                self.tracker.classes().names(),
             );
         }
         self.metrics.set_kv_bytes(self.hello.kv_bytes);
@@ -369,13 +375,21 @@ impl Ingest {
 
     fn admit(&mut self, hello: WorkerHello, routing_id: &Bytes, now: Clock) {
         let k = hello.num_spec_tokens as usize;
-        let metrics = WorkerMetrics::new(&hello.model, &hello.worker_id, &hello.proposer, k);
+        let classes = self.config.classes.clone();
+        let metrics = WorkerMetrics::new(
+            &hello.model,
+            &hello.worker_id,
+            &hello.proposer,
+            k,
+            classes.names(),
+        );
         metrics.set_kv_bytes(hello.kv_bytes);
         let entry = WorkerEntry {
             metrics,
-            tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker),
+            obs: Observations::new(k, classes.len()),
+            tracker: Tracker::new(hello.num_spec_tokens, self.config.max_requests_per_worker)
+                .with_classes(classes),
             kv_blocks: KvBlocks::default(),
-            obs: Observations::new(k),
             next_seq: None,
             last_heard_ns: now.mono_ns,
             routing_id: routing_id.clone(),
@@ -495,6 +509,7 @@ impl Ingest {
         }
         entry.last_heard_ns = now.mono_ns;
         entry.metrics.set_kv_blocks(&hb.kv_blocks);
+        entry.metrics.set_verify_cost(&hb.verify_cost);
         if entry.kv_blocks != hb.kv_blocks {
             entry.kv_blocks = hb.kv_blocks;
             // `/health` shows the blocks too.

@@ -118,8 +118,17 @@ impl Outbox {
 /// the hot path does not allocate.
 #[derive(Debug)]
 pub struct Observations {
-    /// Verification steps recorded, summed.
-    pub figures: Figures,
+    /// Verification steps recorded, summed per request class (index of [`RequestClasses`]).
+    ///
+    /// [`RequestClasses`]: super::RequestClasses
+    pub figures: Vec<Figures>,
+    /// Requests that finished after at least one verification step: their class and figures'
+    /// acceptance, for the per-request histograms.
+    pub finished_acceptance: Vec<FinishedAcceptance>,
+    /// The steps' verify forwards: microseconds, and the tokens K = 0 would have emitted in
+    /// them (thousandths).
+    pub verify_us: u64,
+    pub k0_tokens_milli: u64,
     /// Finished requests by [`FinishReason::code`] - 1.
     pub finished: [u64; 4],
     pub prompt_tokens: u64,
@@ -138,10 +147,24 @@ pub struct Observations {
     pub refused_at_cap: u64,
 }
 
+/// One finished request's acceptance, observed once at its finish.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinishedAcceptance {
+    pub class: u8,
+    /// `num_accepted_draft_tokens / num_draft_tokens`; None when it drafted nothing.
+    pub draft_acceptance_rate: Option<f64>,
+    /// `average_accept_length`: tokens per verification step.
+    pub mean_accepted_length: f64,
+}
+
 impl Observations {
-    pub fn new(num_spec_tokens: usize) -> Self {
+    /// Observations for K = `num_spec_tokens` and `classes` request classes (at least 1).
+    pub fn new(num_spec_tokens: usize, classes: usize) -> Self {
         Self {
-            figures: Figures::new(num_spec_tokens),
+            figures: vec![Figures::new(num_spec_tokens); classes.max(1)],
+            finished_acceptance: Vec::new(),
+            verify_us: 0,
+            k0_tokens_milli: 0,
             finished: [0; 4],
             prompt_tokens: 0,
             cached_prompt_tokens: 0,
@@ -160,13 +183,55 @@ impl Observations {
         self.cached_prompt_tokens += u64::from(prompt.cached);
     }
 
+    /// One verification step of a request of class `class`.
+    #[inline]
+    pub fn record(&mut self, class: u8, row: &proto::worker_tp::StepRow<'_>) {
+        let figures = &mut self.figures[usize::from(class)];
+        figures.record(row.drafted, row.accepted);
+        figures.record_policy(row.offered, row.predicted_milli);
+    }
+
+    /// The figures of a class (`other`'s when `class` is past the configured ones).
+    pub fn class_figures(&mut self, class: u8) -> &mut Figures {
+        let i = usize::from(class).min(self.figures.len() - 1);
+        &mut self.figures[i]
+    }
+
+    /// Every class summed.
+    pub fn total_figures(&self) -> Figures {
+        let mut total = self.figures[0].clone();
+        for f in &self.figures[1..] {
+            total.add(f);
+        }
+        total
+    }
+
+    /// A request of class `class` finished with `figures`: its acceptance, if it verified.
+    pub fn finished_request(&mut self, class: u8, figures: &Figures) {
+        if figures.steps() == 0 {
+            return;
+        }
+        let draft_acceptance_rate = (figures.draft_tokens() > 0)
+            .then(|| figures.accepted_draft_tokens() as f64 / figures.draft_tokens() as f64);
+        self.finished_acceptance.push(FinishedAcceptance {
+            class,
+            draft_acceptance_rate,
+            mean_accepted_length: figures.emitted_tokens() as f64 / figures.steps() as f64,
+        });
+    }
+
     pub fn count_finish(&mut self, reason: FinishReason) {
         self.finished[usize::from(reason.code() - 1)] += 1;
     }
 
     /// Back to zero, keeping the buffers.
     pub fn clear(&mut self) {
-        self.figures.clear();
+        for f in &mut self.figures {
+            f.clear();
+        }
+        self.finished_acceptance.clear();
+        self.verify_us = 0;
+        self.k0_tokens_milli = 0;
         self.finished = [0; 4];
         self.prompt_tokens = 0;
         self.cached_prompt_tokens = 0;

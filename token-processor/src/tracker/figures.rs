@@ -15,6 +15,10 @@ pub struct Figures {
     drafts: u64,
     draft_tokens: u64,
     accepted_draft_tokens: u64,
+    /// The drafting policy's figures (docs/metrics.md): tokens the proposer offered, and the
+    /// accepted tokens the policy predicted for what it verified, in thousandths.
+    offered_tokens: u64,
+    predicted_milli: u64,
     /// Three (K+1)-entry histograms in one allocation (one cache miss per step, not three):
     /// [`ACCEPT`] entry `j`: steps with `a == j`; [`REACH`] entry `m`: steps with
     /// `min(d, a + 1) == m` (positions `0..m` were reached); [`DRAFT`] entry `j`: steps with
@@ -36,6 +40,8 @@ impl Figures {
             drafts: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
+            offered_tokens: 0,
+            predicted_milli: 0,
             hist: vec![0; HISTOGRAMS * (num_spec_tokens + 1)].into_boxed_slice(),
         }
     }
@@ -83,6 +89,25 @@ impl Figures {
         self.hist[ACCEPT * width + usize::from(accepted)] += 1;
         self.hist[REACH * width + usize::from(drafted.min(accepted + 1))] += 1;
         self.hist[DRAFT * width + usize::from(drafted)] += 1;
+    }
+
+    /// Records the policy's figures of one verification step (see [`StepBatch::offered`]).
+    ///
+    /// [`StepBatch::offered`]: proto::worker_tp::StepBatch::offered
+    #[inline]
+    pub fn record_policy(&mut self, offered: u8, predicted_milli: u16) {
+        self.offered_tokens += u64::from(offered);
+        self.predicted_milli += u64::from(predicted_milli);
+    }
+
+    /// Draft tokens the proposer offered.
+    pub fn offered_tokens(&self) -> u64 {
+        self.offered_tokens
+    }
+
+    /// Accepted draft tokens the policy predicted, in thousandths of a token.
+    pub fn predicted_milli(&self) -> u64 {
+        self.predicted_milli
     }
 
     /// Verification steps (`n`).
@@ -138,6 +163,8 @@ impl Figures {
         self.drafts += other.drafts;
         self.draft_tokens += other.draft_tokens;
         self.accepted_draft_tokens += other.accepted_draft_tokens;
+        self.offered_tokens += other.offered_tokens;
+        self.predicted_milli += other.predicted_milli;
         let width = self.width();
         for which in 0..HISTOGRAMS {
             let mine = &mut self.hist[which * width..(which + 1) * width];
@@ -157,6 +184,8 @@ impl Figures {
         self.accepted_draft_tokens += newer
             .accepted_draft_tokens
             .saturating_sub(older.accepted_draft_tokens);
+        self.offered_tokens += newer.offered_tokens.saturating_sub(older.offered_tokens);
+        self.predicted_milli += newer.predicted_milli.saturating_sub(older.predicted_milli);
         let width = self.width();
         for which in 0..HISTOGRAMS {
             let older = older.histogram(which);
@@ -173,6 +202,8 @@ impl Figures {
         self.drafts = 0;
         self.draft_tokens = 0;
         self.accepted_draft_tokens = 0;
+        self.offered_tokens = 0;
+        self.predicted_milli = 0;
         self.hist.fill(0);
     }
 
@@ -218,6 +249,10 @@ impl Figures {
             draft_acceptance_rate: ratio(self.accepted_draft_tokens, self.draft_tokens),
             accept_length_histogram: self.accept_hist().to_vec(),
             draft_length_histogram: self.draft_length_histogram().to_vec(),
+            // Present together, once the proposer offered anything (docs/metrics.md).
+            num_offered_tokens: (self.offered_tokens > 0).then_some(self.offered_tokens),
+            predicted_accepted_tokens: (self.offered_tokens > 0)
+                .then(|| self.predicted_milli as f64 / 1e3),
         }
     }
 }

@@ -14,9 +14,10 @@ mod settled;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use effects::{merge_by_owner, Observations, Outbox, OutputsByOwner};
+pub use effects::{merge_by_owner, FinishedAcceptance, Observations, Outbox, OutputsByOwner};
 pub use figures::Figures;
 pub use outputs::{encode_outputs_message, OwnerOutputs};
+pub use proto::classes::RequestClasses;
 pub use request::{PromptTokens, RequestState};
 
 use proto::tp_api::{OutputErrorKind, RequestOutput};
@@ -49,6 +50,7 @@ pub struct Tracker {
     /// Requests ended recently and what was counted of them (a resync may replay them).
     settled: settled::Settled,
     owners: HashMap<String, Arc<str>>,
+    classes: Arc<RequestClasses>,
 }
 
 impl Tracker {
@@ -59,7 +61,18 @@ impl Tracker {
             requests: IdMap::default(),
             settled: settled::Settled::default(),
             owners: HashMap::new(),
+            classes: Arc::default(),
         }
+    }
+
+    /// Requests are counted under these classes (by default only `other`).
+    pub fn with_classes(mut self, classes: Arc<RequestClasses>) -> Self {
+        self.classes = classes;
+        self
+    }
+
+    pub fn classes(&self) -> &RequestClasses {
+        &self.classes
     }
 
     pub fn num_spec_tokens(&self) -> usize {
@@ -131,6 +144,10 @@ impl Tracker {
         obs: &mut Observations,
     ) {
         self.start_requests(batch, out, obs);
+        if let Some(timing) = batch.verify_timing {
+            obs.verify_us += u64::from(timing.micros);
+            obs.k0_tokens_milli += u64::from(timing.k0_tokens_milli);
+        }
         let speculating = self.speculating();
         out.expect(batch.len());
         self.prefetch_rows(batch);
@@ -150,7 +167,10 @@ impl Tracker {
                 state.prefilled = true;
             } else if !notice {
                 state.figures.record(row.drafted, row.accepted);
-                obs.figures.record(row.drafted, row.accepted);
+                state
+                    .figures
+                    .record_policy(row.offered, row.predicted_milli);
+                obs.record(state.class, &row);
             }
             let has_tokens = !row.tokens.is_empty();
             if has_tokens {
@@ -183,6 +203,7 @@ impl Tracker {
                     output.prompt_logprobs = row.prompt_logprobs.to_vec();
                     state.finalize(&mut output, reason, worker_failure(reason), speculating);
                     obs.count_finish(reason);
+                    obs.finished_request(state.class, &state.figures);
                     obs.e2e_s.extend(state.age_s(now));
                     let owner = state.owner.clone();
                     if let Some(state) = self.requests.remove(&row.id) {
@@ -209,15 +230,14 @@ impl Tracker {
                 continue;
             }
             obs.count_prompt(start.into());
-            self.requests.insert(
-                id,
-                RequestState::new(
-                    owner,
-                    start.into(),
-                    start.arrival_unix_ms,
-                    self.num_spec_tokens,
-                ),
+            let mut state = RequestState::new(
+                owner,
+                start.into(),
+                start.arrival_unix_ms,
+                self.num_spec_tokens,
             );
+            state.class = self.classes.index_of(&start.class);
+            self.requests.insert(id, state);
         }
     }
 
@@ -253,6 +273,7 @@ impl Tracker {
                 speculating,
             );
             obs.count_finish(FinishReason::Error);
+            obs.finished_request(state.class, &state.figures);
             obs.e2e_s.extend(state.age_s(now));
             self.settled.insert(id, &state);
             out.push(&state.owner, output);
@@ -320,7 +341,7 @@ impl Tracker {
         out: &mut Outbox,
         obs: &mut Observations,
     ) {
-        let history = figures_from_history(self.num_spec_tokens, &req.drafted, &req.accepted)
+        let history = figures_from_history(self.num_spec_tokens, req, req.drafted.len())
             .filter(|_| logprobs_fit(req));
         let (Some(figures), Some(finish)) = (history, FinishReason::from_code(req.finish)) else {
             self.fail_invalid_replay(req, now, out, obs);
@@ -349,6 +370,7 @@ impl Tracker {
                 );
                 if ended_before.is_none() {
                     obs.count_finish(reason);
+                    obs.finished_request(state.class, &state.figures);
                     obs.e2e_s.extend(state.age_s(now));
                 }
                 self.settled.insert(req.id, &state);
@@ -395,7 +417,8 @@ impl Tracker {
         obs: &mut Observations,
     ) -> Option<RequestState> {
         if let Some(mut state) = self.requests.remove(&req.id) {
-            obs.figures.add_growth(&figures, &state.figures);
+            obs.class_figures(state.class)
+                .add_growth(&figures, &state.figures);
             state.figures = figures;
             return Some(state);
         }
@@ -420,17 +443,17 @@ impl Tracker {
         let k = self.num_spec_tokens;
         let mut state =
             RequestState::new(self.owner(&req.owner), req.into(), req.arrival_unix_ms, k);
+        state.class = self.classes.index_of(&req.class);
         match ended_before {
             Some(ended) => {
                 let counted = (ended.steps as usize).min(req.drafted.len());
                 let before =
-                    figures_from_history(k, &req.drafted[..counted], &req.accepted[..counted])
-                        .unwrap_or_else(|| Figures::new(k));
-                obs.figures.add_growth(&figures, &before);
+                    figures_from_history(k, req, counted).unwrap_or_else(|| Figures::new(k));
+                obs.class_figures(state.class).add_growth(&figures, &before);
                 state.delivered = ended.delivered;
             }
             None => {
-                obs.figures.add(&figures);
+                obs.class_figures(state.class).add(&figures);
                 obs.count_prompt(req.into());
             }
         }
@@ -506,17 +529,27 @@ fn logprobs_fit(req: &ResyncRequest) -> bool {
             .all(|t| t.top.len() <= usize::from(proto::MAX_TOP_LOGPROBS))
 }
 
-/// Rebuilds figures from a resync's `(drafted, accepted)` history; None if it is inconsistent.
-fn figures_from_history(k: usize, drafted: &[u8], accepted: &[u8]) -> Option<Figures> {
-    if drafted.len() != accepted.len() {
+/// Rebuilds figures from the first `steps` steps of a resync's history (`(drafted, accepted)`,
+/// and the policy's offered and predicted); None if it is inconsistent.
+fn figures_from_history(k: usize, req: &ResyncRequest, steps: usize) -> Option<Figures> {
+    let n = req.drafted.len();
+    if req.accepted.len() != n || req.offered.len() != n || req.predicted_milli.len() != n {
         return None;
     }
     let mut figures = Figures::new(k);
-    for (&d, &a) in drafted.iter().zip(accepted) {
-        if a > d || usize::from(d) > k {
+    for i in 0..steps.min(n) {
+        let (d, a, o, p) = (
+            req.drafted[i],
+            req.accepted[i],
+            req.offered[i],
+            req.predicted_milli[i],
+        );
+        let policy_ok = o >= d && usize::from(o) <= k && u32::from(p) <= 1000 * u32::from(d);
+        if a > d || usize::from(d) > k || !policy_ok {
             return None;
         }
         figures.record(d, a);
+        figures.record_policy(o, p);
     }
     Some(figures)
 }

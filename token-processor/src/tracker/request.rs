@@ -44,6 +44,8 @@ pub struct RequestState {
     pub delivered: u32,
     /// Monotonic time of the last delivery, for inter-token latency; None before the first.
     pub last_delivery_ns: Option<u64>,
+    /// Its class's index in the tracker's [`RequestClasses`](super::RequestClasses).
+    pub class: u8,
     pub figures: Figures,
 }
 
@@ -56,6 +58,7 @@ impl RequestState {
             prefilled: false,
             delivered: 0,
             last_delivery_ns: None,
+            class: 0,
             figures: Figures::new(k),
         }
     }
