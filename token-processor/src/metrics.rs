@@ -27,6 +27,7 @@ pub const SPEC_OFFERED_TOKENS: &str = "specula_spec_decode_num_offered_tokens_to
 pub const SPEC_PREDICTED_TOKENS: &str = "specula_spec_decode_num_predicted_accepted_tokens_total";
 pub const SPEC_VERIFY_SECONDS: &str = "specula_spec_policy_verify_seconds_total";
 pub const SPEC_K0_TOKENS: &str = "specula_spec_policy_k0_tokens_estimate_total";
+pub const SPEC_VERIFY_TOKENS: &str = "specula_spec_policy_verify_tokens_total";
 pub const SPEC_VERIFY_COST: &str = "specula_spec_policy_verify_cost_seconds";
 pub const REQUEST_ACCEPTANCE_RATE: &str = "specula_request_draft_acceptance_rate";
 pub const REQUEST_ACCEPTED_LENGTH: &str = "specula_request_mean_accepted_length";
@@ -235,6 +236,10 @@ fn declare_speculation(own: &mut binned::Registry, max_spec_tokens: u32) {
         SPEC_VERIFY_SECONDS,
         "Seconds of verify forwards (steps whose every row verified), as the worker measured them.",
         1e-6,
+    );
+    own.declare_counter(
+        SPEC_VERIFY_TOKENS,
+        "Tokens emitted by the verify forwards of specula_spec_policy_verify_seconds_total; over specula_spec_policy_k0_tokens_estimate_total, the gain of drafting against K=0.",
     );
     own.declare_scaled_counter(
         SPEC_K0_TOKENS,
@@ -472,6 +477,7 @@ struct PolicySeries {
     verify_seconds: OwnCounter,
     /// Thousandths, rendered in tokens.
     k0_tokens: OwnCounter,
+    verify_tokens: OwnCounter,
     /// One gauge per [`COST_POINT_TOKENS`] size.
     verify_cost: Vec<Gauge>,
 }
@@ -488,6 +494,7 @@ impl PolicySeries {
         Self {
             verify_seconds: binned::counter(SPEC_VERIFY_SECONDS, &labels, &[]),
             k0_tokens: binned::counter(SPEC_K0_TOKENS, &labels, &[]),
+            verify_tokens: binned::counter(SPEC_VERIFY_TOKENS, &labels, &[]),
             verify_cost,
         }
     }
@@ -634,6 +641,7 @@ impl WorkerMetrics {
         if obs.verify_us > 0 {
             self.policy.verify_seconds.increment(obs.verify_us);
             self.policy.k0_tokens.increment(obs.k0_tokens_milli);
+            self.policy.verify_tokens.increment(obs.verify_tokens);
         }
         for (handle, &n) in self.finished.iter().zip(&obs.finished) {
             if n > 0 {

@@ -129,6 +129,8 @@ pub struct Observations {
     /// them (thousandths).
     pub verify_us: u64,
     pub k0_tokens_milli: u64,
+    /// Tokens those steps emitted.
+    pub verify_tokens: u64,
     /// Finished requests by [`FinishReason::code`] - 1.
     pub finished: [u64; 4],
     pub prompt_tokens: u64,
@@ -165,6 +167,7 @@ impl Observations {
             finished_acceptance: Vec::new(),
             verify_us: 0,
             k0_tokens_milli: 0,
+            verify_tokens: 0,
             finished: [0; 4],
             prompt_tokens: 0,
             cached_prompt_tokens: 0,
@@ -232,6 +235,7 @@ impl Observations {
         self.finished_acceptance.clear();
         self.verify_us = 0;
         self.k0_tokens_milli = 0;
+        self.verify_tokens = 0;
         self.finished = [0; 4];
         self.prompt_tokens = 0;
         self.cached_prompt_tokens = 0;

@@ -147,6 +147,7 @@ impl Tracker {
         if let Some(timing) = batch.verify_timing {
             obs.verify_us += u64::from(timing.micros);
             obs.k0_tokens_milli += u64::from(timing.k0_tokens_milli);
+            obs.verify_tokens += batch.tokens.len() as u64;
         }
         let speculating = self.speculating();
         out.expect(batch.len());
