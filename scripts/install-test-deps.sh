@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages some tests use; idempotent (does nothing when everything is present).
 # - Debian's `prometheus` package: `promtool check metrics` on a real /metrics scrape, and a real
-#   Prometheus server scraping a running stack (tests/prometheus_scrape.rs).
+#   Prometheus server scraping a running stack (tests/prometheus_scrape.rs, tests/dashboard.rs).
 # - systemd-analyze (Debian's `systemd`): `systemd-analyze verify` on scripts/systemd units.
 # - a C++20 compiler (Debian's `g++`): the CUDA kernels run on a CPU emulator
 #   (engine-worker/tests/cuda_kernels_emulated.rs), which fails without one under test.sh.

@@ -1,7 +1,8 @@
 //! The shipped alerting rules: `promtool check rules` on `scripts/prometheus/alerts.yml`,
 //! `promtool check config` on the scrape config that loads them, and `promtool test rules` on
 //! `scripts/prometheus/alerts_test.yml` (a bad draft model fires, a good one, and one with too
-//! little traffic to judge, stay quiet).
+//! little traffic to judge, stay quiet); and that every alert has a case that fires and one
+//! that stays quiet.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -62,4 +63,48 @@ fn a_bad_draft_model_fires_and_a_good_or_idle_one_stays_quiet() {
         return;
     };
     assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// Every alert of `alerts.yml` has, in `alerts_test.yml`, a case where it fires and one where it
+/// stays quiet: an alert added without them fails here, before anyone is paged by it (or never
+/// is). Read line by line (`- alert: NAME`; `alertname: NAME` then its `exp_alerts:`), the
+/// layout both files keep; no YAML parser needed.
+#[test]
+fn every_alert_has_a_firing_and_a_quiet_rule_test() {
+    let read = |name: &str| std::fs::read_to_string(prometheus_dir().join(name)).unwrap();
+    let rules = read("alerts.yml");
+    let tests = read("alerts_test.yml");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:"))
+        .map(str::trim)
+        .collect();
+    assert!(!alerts.is_empty(), "no alert in alerts.yml");
+    let cases = rule_test_cases(&tests);
+    for alert in alerts {
+        let fires = cases.iter().any(|(a, fires)| *a == alert && *fires);
+        let quiet = cases.iter().any(|(a, fires)| *a == alert && !*fires);
+        assert!(fires, "alerts_test.yml has no case where {alert} fires");
+        assert!(
+            quiet,
+            "alerts_test.yml has no case where {alert} stays quiet"
+        );
+    }
+}
+
+/// `(alertname, fires)` for each `alert_rule_test` case: fires unless `exp_alerts: []`.
+fn rule_test_cases(tests: &str) -> Vec<(&str, bool)> {
+    let mut cases = Vec::new();
+    let mut alert = None;
+    for line in tests.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("alertname:") {
+            alert = Some(name.trim());
+        } else if let Some(expected) = line.strip_prefix("exp_alerts:") {
+            let name = alert
+                .take()
+                .expect("exp_alerts without an alertname before it");
+            cases.push((name, expected.trim() != "[]"));
+        }
+    }
+    cases
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod openai;
+pub mod prometheus;
 pub mod python;
 pub mod reference;
 pub mod stack;
