@@ -41,6 +41,11 @@ const BROKEN_TO: &str = "specula_spec_decode_num_drafts_typo_total";
 
 /// Greedy prompts that repeat themselves, so the suffix proposer's drafts are accepted at every
 /// position; the first is sent twice, so the second finds its whole blocks in the prefix cache.
+/// The classes the stack is configured with, and each prompt's (`poetry` is not configured, so
+/// it counts as `other`).
+const CLASSES: &str = "code,chat";
+const PROMPT_CLASSES: [&str; 6] = ["chat", "chat", "code", "chat", "code", "poetry"];
+
 const PROMPTS: [&str; 6] = [
     "Count slowly: one, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, \
      thirteen, fourteen, fifteen, sixteen, seventeen, eighteen, nineteen.",
@@ -82,7 +87,8 @@ async fn every_dashboard_panel_shows_what_the_requests_imply() {
         window: WINDOW,
         identity: identity(&stack).await,
     };
-    let expected = expectations(&traffic, kv_cached);
+    let policy = policy_readings(&stack.metrics_text().await);
+    let expected = expectations(&traffic, kv_cached, &policy);
 
     let dashboard = shipped_dashboard();
     let failures = check_dashboard(&dashboard, &eval, &expected).await;
@@ -113,7 +119,13 @@ fn stack_config() -> StackConfig {
         num_spec_tokens: K as u32,
         spec_policy: "fixed",
         worker_args: vec!["--num-kv-blocks".into(), KV_BLOCKS.to_string()],
-        tp_args: vec!["--max-spec-tokens".into(), K.to_string()],
+        tp_args: vec![
+            "--max-spec-tokens".into(),
+            K.to_string(),
+            "--request-classes".into(),
+            CLASSES.into(),
+        ],
+        api_args: vec!["--request-classes".into(), CLASSES.into()],
         ..StackConfig::default()
     }
 }
@@ -138,11 +150,23 @@ struct Traffic {
     draft_length_histogram: [u64; K + 1],
     prompt_tokens: u64,
     cached_prompt_tokens: u64,
+    /// The policy's additions: offered tokens, predicted accepted tokens.
+    offered: u64,
+    predicted: f64,
+    /// Per class: accepted and drafted tokens, and each request's draft acceptance rate.
+    by_class: BTreeMap<String, ClassTraffic>,
+}
+
+#[derive(Debug, Default)]
+struct ClassTraffic {
+    accepted: u64,
+    draft_tokens: u64,
+    request_rates: Vec<f64>,
 }
 
 impl Traffic {
-    /// Adds one completion's `speculate_metrics` and `usage`.
-    fn add(&mut self, response: &Value) {
+    /// Adds one completion's `speculate_metrics` and `usage`, sent as class `class`.
+    fn add(&mut self, response: &Value, class: &str) {
         let m = &response["choices"][0]["speculate_metrics"];
         let n = |field: &str| {
             m[field]
@@ -154,6 +178,21 @@ impl Traffic {
         self.draft_tokens += n("num_draft_tokens");
         self.accepted += n("num_accepted_draft_tokens");
         self.emitted += n("accepted_tokens");
+        self.offered += n("num_offered_tokens");
+        self.predicted += m["predicted_accepted_tokens"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no predicted_accepted_tokens: {response}"));
+        let class = match CLASSES.split(',').any(|c| c == class) {
+            true => class,
+            false => "other",
+        };
+        let c = self.by_class.entry(class.to_owned()).or_default();
+        c.accepted += n("num_accepted_draft_tokens");
+        c.draft_tokens += n("num_draft_tokens");
+        if n("num_draft_tokens") > 0 {
+            c.request_rates
+                .push(m["draft_acceptance_rate"].as_f64().unwrap());
+        }
         // `[n, accepted_0, ..., accepted_{K-1}]`: the spec's FastDeploy per-head counts.
         add_counts(
             &mut self.accepted_per_pos,
@@ -204,15 +243,13 @@ fn add_counts(into: &mut [u64], counts: &Value, skip: usize) {
 /// Sends [`PROMPTS`] one after another (greedy, 32 tokens) and sums their figures.
 async fn send_traffic(stack: &Stack) -> Traffic {
     let mut traffic = Traffic::default();
-    for prompt in PROMPTS {
-        let (status, body) = complete(
-            stack.client(),
-            &stack.api("/v1/completions"),
-            &completion_body(prompt, 32, false),
-        )
-        .await;
+    for (prompt, class) in PROMPTS.iter().zip(PROMPT_CLASSES) {
+        let mut request = completion_body(prompt, 32, false);
+        request["metadata"] = serde_json::json!({ "class": class });
+        let (status, body) =
+            complete(stack.client(), &stack.api("/v1/completions"), &request).await;
         assert_eq!(status, 200, "{body}");
-        traffic.add(&body);
+        traffic.add(&body, class);
     }
     traffic
 }
@@ -302,7 +339,7 @@ impl Expectations {
 
 /// What every panel must show after `t`'s traffic, with `kv_cached` blocks holding cached
 /// prefixes. One entry per panel target: a new panel adds its own here.
-fn expectations(t: &Traffic, kv_cached: f64) -> Expectations {
+fn expectations(t: &Traffic, kv_cached: f64, policy: &PolicyReadings) -> Expectations {
     let ratio = |a: u64, b: u64| a as f64 / b as f64;
     let acc = &t.accepted_per_pos;
     let mut e = Expectations::default();
@@ -340,17 +377,10 @@ fn expectations(t: &Traffic, kv_cached: f64) -> Expectations {
         "A",
         positions(0..K, |i| ratio(acc[i], t.steps)),
     );
-    let conditional =
-        "Acceptance per position, conditional (accepted_i / accepted_{i-1}; pos 0 over drafting steps)";
-    e.each(
-        conditional,
-        "A",
-        positions(0..1, |_| ratio(acc[0], t.drafts)),
-    );
-    // Target B divides each position by position 0 (its legend says so: "pos i vs pos 0"), not
-    // by position i-1 as the panel's title says: the title overstates it, and this entry pins
-    // what the query computes (measured: 10/11 expected for position 2 by the title, 10/28 shown).
-    e.each(conditional, "B", positions(1..K, |i| ratio(acc[i], acc[0])));
+    let relative =
+        "Acceptance per position, relative (pos 0 over drafting steps; accepted_i / accepted_0)";
+    e.each(relative, "A", positions(0..1, |_| ratio(acc[0], t.drafts)));
+    e.each(relative, "B", positions(1..K, |i| ratio(acc[i], acc[0])));
     e.each(
         "Acceptance per position by proposer (accepted_i / drafting steps)",
         "A",
@@ -379,7 +409,114 @@ fn expectations(t: &Traffic, kv_cached: f64) -> Expectations {
             ),
         ],
     );
+    policy_expectations(&mut e, t, policy);
     e
+}
+
+/// What the worker reported that no response carries, read from the token-processor's own
+/// `/metrics` once the traffic settled: the fitted cost curve, and the verify steps' tokens
+/// against the K = 0 estimate.
+#[derive(Debug)]
+struct PolicyReadings {
+    verify_cost: Vec<(String, f64)>,
+    verify_tokens: f64,
+    k0_tokens: f64,
+}
+
+fn policy_readings(text: &str) -> PolicyReadings {
+    let verify_cost: Vec<(String, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("specula_spec_policy_verify_cost_seconds{"))
+        .map(|l| {
+            let tokens = l
+                .split("tokens=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            let value: f64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+            (tokens.to_owned(), value)
+        })
+        .collect();
+    assert_eq!(verify_cost.len(), 7, "one gauge per reported size:\n{text}");
+    let mut by_size: Vec<(u32, f64)> = verify_cost
+        .iter()
+        .map(|(t, v)| (t.parse().unwrap(), *v))
+        .collect();
+    by_size.sort_by_key(|p| p.0);
+    assert!(
+        by_size.windows(2).all(|w| w[0].1 > 0.0 && w[0].1 <= w[1].1),
+        "the cost curve rises with the tokens: {by_size:?}"
+    );
+    PolicyReadings {
+        verify_cost,
+        verify_tokens: metric_sum(text, "specula_spec_policy_verify_tokens_total"),
+        k0_tokens: metric_sum(text, "specula_spec_policy_k0_tokens_estimate_total"),
+    }
+}
+
+/// The drafting policy's panels and the per-class ones.
+fn policy_expectations(e: &mut Expectations, t: &Traffic, policy: &PolicyReadings) {
+    e.one(
+        "Drafting policy: verified share of offered draft tokens (verified / offered)",
+        "A",
+        t.draft_tokens as f64 / t.offered as f64,
+    );
+    e.one(
+        "Drafting policy calibration (predicted / accepted draft tokens)",
+        "A",
+        t.predicted / t.accepted as f64,
+    );
+    e.each(
+        "Verify cost the policy weighs (fitted seconds per verify forward, by tokens)",
+        "A",
+        policy
+            .verify_cost
+            .iter()
+            .map(|(tokens, v)| (series_key(&[("tokens", tokens)]), *v)),
+    );
+    assert!(
+        policy.verify_tokens > 0.0 && policy.k0_tokens > 0.0,
+        "{policy:?}"
+    );
+    e.one(
+        "Gain over K=0 in verify steps (tokens emitted / tokens K=0 would have emitted)",
+        "A",
+        policy.verify_tokens / policy.k0_tokens,
+    );
+    e.each(
+        "Draft acceptance rate by request class (accepted / drafted)",
+        "A",
+        t.by_class.iter().map(|(class, c)| {
+            (
+                series_key(&[("class", class)]),
+                c.accepted as f64 / c.draft_tokens as f64,
+            )
+        }),
+    );
+    // Every configured class has its series from the worker's hello; a class no request drafted
+    // in shows 0 in every bucket.
+    let bounds = [
+        "0.05", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "0.95", "1", "+Inf",
+    ];
+    let mut buckets = Vec::new();
+    for class in ["other", "code", "chat"] {
+        let rates = t
+            .by_class
+            .get(class)
+            .map_or(&[][..], |c| &c.request_rates[..]);
+        for le in bounds {
+            let bound: f64 = le.parse().unwrap_or(f64::INFINITY);
+            let count = rates.iter().filter(|&&r| r <= bound).count();
+            buckets.push((series_key(&[("class", class), ("le", le)]), count as f64));
+        }
+    }
+    e.each(
+        "Finished requests by their draft acceptance rate, by class (cumulative count)",
+        "A",
+        buckets,
+    );
 }
 
 /// One series per draft position in `range`, valued `value(i)`.

@@ -136,16 +136,6 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
         .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(BATCH_PROCESSING.into()), BATCH_BUCKETS)
         .map_err(err)?
-        .set_buckets_for_metric(
-            Matcher::Full(REQUEST_ACCEPTANCE_RATE.into()),
-            ACCEPTANCE_RATE_BUCKETS,
-        )
-        .map_err(err)?
-        .set_buckets_for_metric(
-            Matcher::Full(REQUEST_ACCEPTED_LENGTH.into()),
-            ACCEPTED_LENGTH_BUCKETS,
-        )
-        .map_err(err)?
         .install_recorder()
         .map_err(err)?;
     describe_all();
@@ -172,16 +162,6 @@ fn describe_policy() {
         SPEC_VERIFY_COST,
         Unit::Seconds,
         "The drafting policy's fitted cost of one verify forward carrying `tokens` tokens."
-    );
-    describe_histogram!(
-        REQUEST_ACCEPTANCE_RATE,
-        Unit::Count,
-        "Per finished request that drafted: accepted draft tokens over draft tokens."
-    );
-    describe_histogram!(
-        REQUEST_ACCEPTED_LENGTH,
-        Unit::Count,
-        "Per finished request that verified: tokens per verification step (average_accept_length)."
     );
 }
 
@@ -236,6 +216,18 @@ fn declare_speculation(own: &mut binned::Registry, max_spec_tokens: u32) {
         SPEC_VERIFY_SECONDS,
         "Seconds of verify forwards (steps whose every row verified), as the worker measured them.",
         1e-6,
+    );
+    // Rendered by the registry so that every class's buckets exist at 0 from the worker's
+    // hello (a first scrape before any request finished).
+    own.declare(
+        REQUEST_ACCEPTANCE_RATE,
+        "Per finished request that drafted: accepted draft tokens over draft tokens.",
+        ACCEPTANCE_RATE_BUCKETS,
+    );
+    own.declare(
+        REQUEST_ACCEPTED_LENGTH,
+        "Per finished request that verified: tokens per verification step (average_accept_length).",
+        ACCEPTED_LENGTH_BUCKETS,
     );
     own.declare_counter(
         SPEC_VERIFY_TOKENS,
@@ -466,8 +458,8 @@ impl SpecSeries {
 #[derive(Debug, Clone)]
 struct ClassSeries {
     spec: SpecSeries,
-    acceptance_rate: Histogram,
-    accepted_length: Histogram,
+    acceptance_rate: BinnedHistogram,
+    accepted_length: BinnedHistogram,
 }
 
 /// The drafting policy's per-worker series: verify time, its K = 0 estimate, the cost curve.
@@ -545,15 +537,11 @@ impl WorkerMetrics {
             .iter()
             .zip(classes)
             .map(|(spec_labels, class)| {
-                let labels = [
-                    ("model", model.to_owned()),
-                    ("worker", worker.to_owned()),
-                    ("class", class.clone()),
-                ];
+                let labels = Labels::new(model, worker, &[("class", class)]);
                 ClassSeries {
                     spec: SpecSeries::new(spec_labels, num_spec_tokens),
-                    acceptance_rate: histogram!(REQUEST_ACCEPTANCE_RATE, &labels),
-                    accepted_length: histogram!(REQUEST_ACCEPTED_LENGTH, &labels),
+                    acceptance_rate: binned::histogram(REQUEST_ACCEPTANCE_RATE, &labels),
+                    accepted_length: binned::histogram(REQUEST_ACCEPTED_LENGTH, &labels),
                 }
             })
             .collect();
@@ -634,9 +622,11 @@ impl WorkerMetrics {
                 continue;
             };
             if let Some(rate) = finished.draft_acceptance_rate {
-                series.acceptance_rate.record(rate);
+                series.acceptance_rate.observe([(rate, 1)]);
             }
-            series.accepted_length.record(finished.mean_accepted_length);
+            series
+                .accepted_length
+                .observe([(finished.mean_accepted_length, 1)]);
         }
         if obs.verify_us > 0 {
             self.policy.verify_seconds.increment(obs.verify_us);
