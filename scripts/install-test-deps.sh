@@ -5,12 +5,14 @@
 # - systemd-analyze (Debian's `systemd`): `systemd-analyze verify` on scripts/systemd units.
 # - a C++20 compiler (Debian's `g++`): the CUDA kernels run on a CPU emulator
 #   (engine-worker/tests/cuda_kernels_emulated.rs), which fails without one under test.sh.
+# - Debian's `chromium`: the what-if report renders in headless Chromium (tests/whatif_report.rs).
 set -euo pipefail
 
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || need+=(g++)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""

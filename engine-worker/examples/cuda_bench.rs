@@ -1,7 +1,7 @@
 //! Decode benchmark of the CUDA backend on dummy weights generated on the device (default: a
 //! Llama-3-8B shape, 16 GB of bf16): tokens/s at each batch size and K, and the step time split
 //! into forward, sampling and host transfer. Prints one JSON object per configuration and a
-//! Markdown table for docs/benchmarks.md.
+//! Markdown table for docs/history/benchmarks-notebook.md.
 //!
 //! Build: `cargo build --release -p engine-worker --features cuda --example cuda_bench`
 //! (scripts/gpu-bundle.sh does this); run: `cuda_bench --device cuda:0`.

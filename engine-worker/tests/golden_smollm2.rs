@@ -329,7 +329,7 @@ fn against_golden(backend: &mut CpuBackend, case: &Value) -> PrecisionResult {
     }
 }
 
-/// Every KV precision against the golden data, printed as the table in docs/benchmarks.md
+/// Every KV precision against the golden data, printed as the table in docs/history/benchmarks-notebook.md
 /// (`cargo test --release -p engine-worker --test golden_smollm2 precisions -- --nocapture`).
 /// f32 must agree everywhere it must; the worker's default precision is the cheapest that
 /// does, so every cheaper one must fail somewhere (else the default is wrong: this says so).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# token-processor benchmarks (results go in docs/benchmarks.md, section "token-processor"):
+# token-processor benchmarks (results go in docs/history/benchmarks-notebook.md, section "token-processor"):
 #  1. tp-bench: a real token-processor over ipc, synthetic batches (64/256/512 rows, K=4/8),
 #     sustained batches/s, request-steps/s, per-batch processing time; RSS over 1M requests.
 #  2. The FastDeploy-style Python reference on the same batches (tp-bench --dump-dir).

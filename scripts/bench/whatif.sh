@@ -33,31 +33,4 @@ for w in $workloads; do
   "$tp" replay --what-if "$out/trace-$w-k${ks[0]}.jsonl" --out "$out/report-$w" >"$out/report-$w.txt"
 done
 
-python3 - "$out" "$workloads" "${ks[@]}" <<'PY'
-import glob, json, sys
-out, workloads, ks = sys.argv[1], sys.argv[2].split(), [int(k) for k in sys.argv[3:]]
-
-def trace_rate(path):
-    """Tokens per second over the trace's steps, as `--what-if` measures the recorded run."""
-    tokens, times = 0, []
-    for i, line in enumerate(open(path)):
-        if i == 0:
-            continue
-        e = json.loads(line)
-        tokens += len(e.get("tokens", []))
-        times.append(e["t_us"])
-    return tokens / ((max(times) - min(times)) / 1e6)
-
-print("| workload | K' | predicted tok/s (from the K=%d trace) | measured, trace | error | measured, client |" % ks[0])
-print("|---|---|---|---|---|---|")
-for w in workloads:
-    report = json.load(open(f"{out}/report-{w}/report.json"))
-    predicted = {p["num_spec_tokens"]: p["predicted_tokens_per_s"]
-                 for p in report["what_if"] if p["policy"] == "fixed"}
-    for k in ks:
-        measured = trace_rate(f"{out}/trace-{w}-k{k}.jsonl")
-        client = [json.load(open(f)) for f in glob.glob(f"{out}/{w}-k{k}/*-k{k}.json")]
-        client_rate = client[0]["output_throughput"] if client else float("nan")
-        err = predicted[k] / measured - 1
-        print(f"| {w} | {k} | {predicted[k]:.1f} | {measured:.1f} | {err:+.1%} | {client_rate:.1f} |")
-PY
+python3 scripts/bench/whatif_table.py "$out" "$workloads" "${ks[@]}"

@@ -26,7 +26,7 @@ pub const RECOVERY: Duration = Duration::from_secs(3);
 /// longest designed wait (its admission wait, then a 429 for a request that finds no room; its
 /// patience for a stream's first token, then a 200 for a stream without one yet), plus the
 /// slack. The product's target for the time to a status (2 s) is a speed target: it is
-/// measured on release builds (`docs/benchmarks.md`, "The front door under a burst").
+/// measured on release builds (`docs/history/benchmarks-notebook.md`, "The front door under a burst").
 pub fn status_bound() -> Duration {
     api_server::engine::DEFAULT_ADMISSION_WAIT.max(api_server::stream::FIRST_UPDATE_PATIENCE)
         + LOADED_MACHINE_SLACK

@@ -4,7 +4,7 @@
 //!   accepted drafts per step). The ingest bins a whole batch's observations under one
 //!   uncontended lock; metrics-exporter-prometheus instead reads a clock and pushes a timestamped
 //!   sample per observation and bins them at its next upkeep, which measured ~30% of a 512-row
-//!   batch's processing time (docs/benchmarks.md, token-processor).
+//!   batch's processing time (docs/history/benchmarks-notebook.md, token-processor).
 //! - The spec's counters (`specula_spec_decode_*_total`). They carry the worker's proposer, and a
 //!   worker that comes back with another one must not leave its old series beside the new ones
 //!   ([`Registry::retire`]); the exporter removes a series only once it has been idle for a while.

@@ -2,7 +2,7 @@
 //! `token-processor replay FILE` for acceptance traces.
 
 /// mimalloc: a 512-row batch allocates ~500 small token vectors that the forwarder frees on
-/// another thread; measured in docs/benchmarks.md (token-processor, allocator).
+/// another thread; measured in docs/history/benchmarks-notebook.md (token-processor, allocator).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

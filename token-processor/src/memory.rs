@@ -6,7 +6,7 @@
 /// second after they empty; reusing a purged range then faults in a whole 2 MiB page, which the
 /// kernel zeroes first. Flooded with 512-row batches that zeroing was 27% of the
 /// token-processor's CPU, and at engine-like rates it stalled single batches for 4–16 ms
-/// (docs/benchmarks.md). The tracker's working set is O(K) per request, so small pages cost
+/// (docs/history/benchmarks-notebook.md). The tracker's working set is O(K) per request, so small pages cost
 /// nothing measurable.
 pub fn disable_transparent_huge_pages() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]

@@ -10,7 +10,7 @@ pub enum ProposerKind {
     /// Prompt lookup: the latest earlier occurrence of the sequence's last n tokens.
     Ngram,
     /// SuffixDecoding: suffix tries over the request and over recent outputs. The default: in
-    /// the serving runs of `docs/benchmarks.md` it matches n-gram with 8 clients and beats it
+    /// the serving runs of `docs/history/benchmarks-notebook.md` it matches n-gram with 8 clients and beats it
     /// with one.
     #[default]
     Suffix,

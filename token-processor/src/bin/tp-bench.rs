@@ -7,7 +7,7 @@
 //! `scripts/bench/fd_reference.py`, so both sides process the same batches.
 
 /// mimalloc: a 512-row batch allocates ~500 small token vectors that the forwarder frees on
-/// another thread; measured in docs/benchmarks.md (token-processor, allocator).
+/// another thread; measured in docs/history/benchmarks-notebook.md (token-processor, allocator).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -236,7 +236,7 @@ async fn push(worker: &mut DealerSocket, msg: &WorkerToTp) -> anyhow::Result<()>
 /// Waits until the TP has processed `batches` step batches of `worker`, heartbeating every
 /// 100 ms meanwhile as a real worker does (with `next_seq` = what was sent), and says so on
 /// stderr when that takes over a second: about once per ~80 flooded configurations zeromq-rs's
-/// writer (then PUSH) stopped writing (docs/benchmarks.md, "A zeromq-rs stall").
+/// writer (then PUSH) stopped writing (docs/history/benchmarks-notebook.md, "A zeromq-rs stall").
 async fn wait_processed(
     port: u16,
     worker: &mut DealerSocket,

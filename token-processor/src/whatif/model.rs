@@ -93,6 +93,53 @@ impl CostCurve {
     }
 }
 
+/// A verify step's time as the run measured it: `per_row * rows + scale * curve(tokens)`. The
+/// calibrated curve prices tokens (measured at start on short contexts); the per-row term is
+/// what the run's contexts add to every row whatever it drafts (attention over its context),
+/// which the curve cannot see. Both are fitted to the run's own timed steps by least squares.
+#[derive(Debug, Clone)]
+struct StepModel {
+    curve: CostCurve,
+    per_row: f64,
+    scale: f64,
+}
+
+impl StepModel {
+    fn fit(curve: CostCurve, steps: &[(f64, f64, f64)]) -> Self {
+        // Normal equations of t = a * rows + s * c(tokens) over `(rows, tokens, seconds)`.
+        let (mut rr, mut rc, mut cc, mut rt, mut ct) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(rows, tokens, t) in steps {
+            let c = curve.seconds(tokens);
+            rr += rows * rows;
+            rc += rows * c;
+            cc += c * c;
+            rt += rows * t;
+            ct += c * t;
+        }
+        let det = rr * cc - rc * rc;
+        let (per_row, scale) = if det > 1e-12 * rr * cc && det > 0.0 {
+            ((rt * cc - ct * rc) / det, (ct * rr - rt * rc) / det)
+        } else {
+            (0.0, f64::NAN)
+        };
+        // A negative or degenerate fit falls back to the curve alone, scaled to the run.
+        let (per_row, scale) = match per_row >= 0.0 && scale > 0.0 {
+            true => (per_row, scale),
+            false => (0.0, if cc > 0.0 { (ct / cc).max(1e-9) } else { 1.0 }),
+        };
+        Self {
+            curve,
+            per_row,
+            scale,
+        }
+    }
+
+    /// Seconds per verify row when `rows` rows each verify `drafted` drafts on average.
+    fn per_row_seconds(&self, rows: f64, drafted: f64) -> f64 {
+        self.per_row + self.scale * self.curve.per_row(rows, drafted)
+    }
+}
+
 /// How far `draft` matches `output` from its start.
 fn matched(draft: &[u32], output: &[u32]) -> usize {
     draft.iter().zip(output).take_while(|(d, o)| d == o).count()
@@ -214,13 +261,13 @@ fn recorded(trace: &WhatIfTrace) -> Recorded {
 
 /// The draft length the goodput policy is modelled to choose at most `k` with: the one whose
 /// step, at the run's mean batch, yields the most expected tokens per second.
-fn goodput_length(rates: &[f64], k: usize, cost: &CostCurve, rows: f64) -> usize {
-    let mut best = (0, 1.0 / cost.per_row(rows, 0.0));
+fn goodput_length(rates: &[f64], k: usize, cost: &StepModel, rows: f64) -> usize {
+    let mut best = (0, 1.0 / cost.per_row_seconds(rows, 0.0));
     let (mut through, mut expected) = (1.0, 0.0);
     for (d, rate) in rates.iter().take(k).enumerate() {
         through *= rate;
         expected += through;
-        let goodput = (1.0 + expected) / cost.per_row(rows, (d + 1) as f64);
+        let goodput = (1.0 + expected) / cost.per_row_seconds(rows, (d + 1) as f64);
         if goodput > best.1 {
             best = (d + 1, goodput);
         }
@@ -231,11 +278,27 @@ fn goodput_length(rates: &[f64], k: usize, cost: &CostCurve, rows: f64) -> usize
 /// The recorded run, and every setting K' in `0..=K` under both policies, predicted.
 pub fn predict(trace: &WhatIfTrace) -> (Recorded, Vec<Prediction>) {
     let rec = recorded(trace);
-    let cost = CostCurve::new(&trace.verify_cost);
+    let timed: Vec<(f64, f64, f64)> = (trace.steps.values())
+        .filter_map(|s| {
+            let us = s.verify_us?;
+            let rows = f64::from(s.verify_rows);
+            (rows > 0.0).then(|| (rows, rows + f64::from(s.drafted), f64::from(us) / 1e6))
+        })
+        .collect();
+    let cost = StepModel::fit(CostCurve::new(&trace.verify_cost), &timed);
     let rows = rec.mean_batch_rows.max(1.0);
     let k = trace.num_spec_tokens as usize;
-    let recorded_cost = rec.steps as f64 * cost.per_row(rows, rec.drafted_per_step);
-    let other_seconds = (rec.seconds - rec.verify_seconds).max(0.0);
+    // Verify rows also run in steps beside a prompt, whose time is not measured apart: each is
+    // priced at the timed steps' mean seconds per verify row, and only the rest of the run's
+    // time (the prompts' share) is held fixed.
+    let timed_rows: f64 = timed.iter().map(|s| s.0).sum();
+    let per_verify_row = match timed_rows > 0.0 {
+        true => rec.verify_seconds / timed_rows,
+        false => 0.0,
+    };
+    let recorded_verify = per_verify_row * rec.steps as f64;
+    let recorded_cost = rec.steps as f64 * cost.per_row_seconds(rows, rec.drafted_per_step);
+    let other_seconds = (rec.seconds - recorded_verify).max(0.0);
     let mut predictions = Vec::new();
     for policy in [WhatIf::Fixed, WhatIf::Goodput] {
         for k2 in 0..=k {
@@ -257,9 +320,9 @@ pub fn predict(trace: &WhatIfTrace) -> (Recorded, Vec<Prediction>) {
                 }
             };
             let drafted_per_step = per_step(r.drafted);
-            let modelled = r.steps as f64 * cost.per_row(rows, drafted_per_step);
+            let modelled = r.steps as f64 * cost.per_row_seconds(rows, drafted_per_step);
             let verify = match recorded_cost > 0.0 {
-                true => rec.verify_seconds * modelled / recorded_cost,
+                true => recorded_verify * modelled / recorded_cost,
                 false => 0.0,
             };
             let seconds = other_seconds + verify;
@@ -325,6 +388,7 @@ mod tests {
                 s,
                 super::super::trace::StepFacts {
                     verify_rows: 2,
+                    drafted: 8,
                     rows: 2,
                     verify_us: Some(15_000),
                     t_us: (i as u64 + 1) * 20_000,
@@ -385,6 +449,22 @@ mod tests {
         assert_eq!(
             at(WhatIf::Goodput, 4).drafted_per_step,
             at(WhatIf::Fixed, 2).drafted_per_step
+        );
+    }
+
+    #[test]
+    fn the_step_model_recovers_a_per_row_cost_the_curve_cannot_see() {
+        let curve = CostCurve::new(&[(1, 0.01), (8, 0.017), (16, 0.03)]);
+        // Steps that cost 2 ms per row beyond 1.5 x the curve.
+        let steps: Vec<(f64, f64, f64)> =
+            [(1.0, 3.0), (2.0, 4.0), (4.0, 12.0), (8.0, 9.0), (3.0, 15.0)]
+                .iter()
+                .map(|&(r, t)| (r, t, 0.002 * r + 1.5 * curve.seconds(t)))
+                .collect();
+        let m = StepModel::fit(curve, &steps);
+        assert!(
+            (m.per_row - 0.002).abs() < 1e-9 && (m.scale - 1.5).abs() < 1e-9,
+            "{m:?}"
         );
     }
 

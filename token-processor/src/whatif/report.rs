@@ -142,19 +142,19 @@ fn open_svg(id: &str, title: &str, y_label: &str) -> String {
 /// Predicted tokens/s against K', a line per policy, the recorded run as a point.
 fn throughput_plot(r: &Report) -> String {
     let k = r.recorded.num_spec_tokens.max(1) as f64;
-    let top = r
-        .what_if
-        .iter()
+    let rates: Vec<f64> = (r.what_if.iter())
         .map(|p| p.predicted_tokens_per_s)
         .chain([r.recorded.tokens_per_s])
-        .fold(1.0, f64::max)
-        * 1.1;
+        .collect();
+    // The axis spans the figures (not from 0), so that differences of a few percent show.
+    let hi = rates.iter().copied().fold(1.0, f64::max) * 1.02;
+    let lo = rates.iter().copied().fold(hi, f64::min) * 0.95;
     let x = |k2: f64| M + k2 / k * (W - 2.0 * M);
-    let y = |v: f64| H - M - v / top * (H - 2.0 * M);
+    let y = |v: f64| H - M - (v - lo) / (hi - lo).max(1e-9) * (H - 2.0 * M);
     let mut svg = open_svg(
         "throughput",
         "Predicted tokens/s against K'",
-        &format!("0 to {top:.0} tokens/s; blue fixed, orange goodput, black the recorded run"),
+        &format!("{lo:.0} to {hi:.0} tokens/s; blue fixed, orange goodput, black the recorded run"),
     );
     for (policy, colour) in [(WhatIf::Fixed, "#4a7bd0"), (WhatIf::Goodput, "#e08a2c")] {
         let points: Vec<String> = r

@@ -31,6 +31,8 @@ pub struct RequestSteps {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepFacts {
     pub verify_rows: u32,
+    /// Draft tokens its rows verified.
+    pub drafted: u32,
     pub rows: u32,
     pub verify_us: Option<u32>,
     pub t_us: u64,
@@ -114,6 +116,7 @@ impl WhatIfTrace {
             EventKind::Prefill => request.prefill_tokens = tokens.len(),
             EventKind::Verify => {
                 facts.verify_rows += 1;
+                facts.drafted += u32::from(event.drafted.unwrap_or(0));
                 let (Some(drafted), Some(accepted)) = (event.drafted, event.accepted) else {
                     return Err(parse_error(line, "verify without drafted and accepted"));
                 };
