@@ -563,6 +563,9 @@ pub enum TpToWorker {
     Refused { reason: String },
 }
 
+// Step batches are what this link carries; a box would cost each one an allocation to save the
+// space of a decoded hello or heartbeat, which live for a moment.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WorkerToTp {
     Hello(WorkerHello),
