@@ -278,9 +278,16 @@ async fn two_workers_two_api_servers_one_token_processor() {
     // api-server and worker served it.
     for i in 0..4 {
         assert_eq!(results[i].text, results[i + 4].text, "prompt {i}");
+        // The policy's prediction depends on what the serving worker learned before.
         assert_eq!(
-            results[i].speculate_metrics,
-            results[i + 4].speculate_metrics,
+            results[i]
+                .speculate_metrics
+                .as_ref()
+                .map(common::without_prediction),
+            results[i + 4]
+                .speculate_metrics
+                .as_ref()
+                .map(common::without_prediction),
             "prompt {i}"
         );
     }

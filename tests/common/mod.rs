@@ -102,3 +102,14 @@ pub fn shared_dir() -> PathBuf {
 pub fn default_model() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
+
+/// `speculate_metrics` without `predicted_accepted_tokens`: the policy's prediction comes from
+/// the worker-wide acceptance table, which every earlier request of the worker taught, so it
+/// differs between a run and its reference by design; every counted figure must not.
+pub fn without_prediction(metrics: &serde_json::Value) -> serde_json::Value {
+    let mut metrics = metrics.clone();
+    if let Some(fields) = metrics.as_object_mut() {
+        fields.remove("predicted_accepted_tokens");
+    }
+    metrics
+}
