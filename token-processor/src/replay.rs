@@ -41,6 +41,14 @@ pub struct Trace {
     pub events: Vec<TraceEvent>,
 }
 
+/// A trace file's text.
+pub fn read_trace(path: &Path) -> Result<String, TpError> {
+    std::fs::read_to_string(path).map_err(|source| TpError::TraceIo {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 #[derive(Deserialize)]
 struct GoldenFile {
     num_spec_tokens: u32,
@@ -49,11 +57,7 @@ struct GoldenFile {
 
 impl Trace {
     pub fn load(path: &Path) -> Result<Self, TpError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TpError::TraceIo {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::parse(&text)
+        Self::parse(&read_trace(path)?)
     }
 
     /// A golden case (one JSON object with `events`) or JSON Lines (header, then one event a line).

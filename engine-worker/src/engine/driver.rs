@@ -709,6 +709,7 @@ impl<B: Backend> Engine<B> {
                 let offered = offer.len().max(drafts.len()).min(max.max(drafts.len()));
                 let predicted =
                     self.planner
+                        .table()
                         .expected_accepted(&s.acceptance, *strength, drafts.len());
                 RowPolicy {
                     offered: offered.min(usize::from(u8::MAX)) as u8,

@@ -51,14 +51,9 @@ impl DraftPlanner {
         )
     }
 
-    /// Accepted tokens the policy expects of a verified draft of `drafted` tokens.
-    pub fn expected_accepted(
-        &self,
-        request: &RequestAcceptance,
-        strength: usize,
-        drafted: usize,
-    ) -> f64 {
-        self.table.expected_accepted(request, strength, drafted)
+    /// The worker-wide acceptance table the policy plans with.
+    pub fn table(&self) -> &AcceptanceTable {
+        &self.table
     }
 
     /// The fitted cost curve at the verify sizes an operator reads it at (1 to 64 tokens,

@@ -52,11 +52,7 @@ pub struct WhatIfTrace {
 
 impl WhatIfTrace {
     pub fn load(path: &std::path::Path) -> Result<Self, TpError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TpError::TraceIo {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Self::parse(&text)
+        Self::parse(&crate::replay::read_trace(path)?)
     }
 
     /// A worker's JSON Lines trace with the what-if fields (`step`, `offered`, `tokens`, and
