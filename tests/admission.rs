@@ -179,8 +179,8 @@ async fn a_burst_of_1000_streams_then_2000_idle_connections() {
 
 /// The same stack, default HTTP settings: 2,000 connections held open without a byte sent do not
 /// keep a new request from being served within `status_bound`, and a client that sends half a
-/// request line and then nothing is disconnected within 60 s (the header timeout, 10 s by
-/// default).
+/// request line and then nothing is disconnected within the header timeout (10 s by default)
+/// plus the loaded-machine slack.
 async fn idle_connections_lock_nobody_out(stack: &Stack) {
     use std::io::{Read, Write};
     const IDLE: usize = 2000;
@@ -190,6 +190,7 @@ async fn idle_connections_lock_nobody_out(stack: &Stack) {
         .collect();
     let mut slow = std::net::TcpStream::connect(&addr).unwrap();
     slow.write_all(b"POST /v1/completions HT").unwrap();
+    let half_line_sent = Instant::now();
     let sent = Instant::now();
     let body = completion_body("Count to three:", 4, false);
     let resp = stack
@@ -205,27 +206,36 @@ async fn idle_connections_lock_nobody_out(stack: &Stack) {
         served_in <= status_bound(),
         "with {IDLE} idle connections a request took {served_in:?}"
     );
+    // The api-server's default header timeout (`--http-header-timeout-secs`, 10 s: its
+    // `--help`, and docs/faults.md, "a half request line was cut off after 9.9 s (the 10 s
+    // header timeout)"), counted from the half line, plus the loaded-machine slack.
+    let header_timeout = Duration::from_secs(10);
+    let bound = header_timeout + common::timing::LOADED_MACHINE_SLACK;
     let closed_in = tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        slow.set_read_timeout(Some(Duration::from_secs(60)))
+        let left = bound.saturating_sub(half_line_sent.elapsed());
+        slow.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .unwrap();
         let mut buf = [0u8; 1024];
         loop {
             match slow.read(&mut buf) {
-                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(0) => return Some(half_line_sent.elapsed()),
                 Ok(_) => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return None
+                }
+                Err(_) => return Some(half_line_sent.elapsed()),
             }
         }
     })
     .await
     .unwrap();
-    // The api-server's default header timeout (`--http-header-timeout-secs`, 10 s), which the
-    // docs state, plus the loaded-machine slack.
-    let header_timeout = Duration::from_secs(10);
-    assert!(
-        closed_in < header_timeout + common::timing::LOADED_MACHINE_SLACK,
-        "a half-sent request line was cut off only after {closed_in:?}"
-    );
+    let closed_in = closed_in
+        .unwrap_or_else(|| panic!("a half-sent request line was not cut off within {bound:?}"));
     eprintln!(
         "{IDLE} idle connections: a request served in {served_in:?}; a half request line \
          closed after {closed_in:?}"

@@ -1,9 +1,11 @@
 //! A stranger on a ZeroMQ tcp endpoint: a valid ZMTP greeting followed by a frame header that
 //! declares an absurd length (up to 2^64 − 1), and one that starts an endless multipart
 //! message. Unpatched, zeromq 0.7.0 reserved the declared length and aborted the process; with
-//! the bound in `vendor/zeromq` (PATCH.md) the connection is dropped. Every process must be
-//! alive and serving afterwards, on every endpoint, and twenty connections that each declare a
-//! frame just under the bound (60 MiB) and send nothing more must not make it resident.
+//! the bound in `vendor/zeromq` (PATCH.md) the connection is dropped: the client reads the end
+//! of its stream (or a reset) while a fresh connection's greeting is still answered. Every
+//! process must be alive and serving afterwards, on every endpoint, and twenty connections that
+//! each declare a frame just under the bound (60 MiB) and send nothing more must not make it
+//! resident once it has read them.
 
 mod common;
 
@@ -12,8 +14,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::openai::{complete, completion_body};
-use common::rss_kib;
 use common::stack::{Proc, Stack, StackConfig, ZMQ_ENDPOINTS};
+use common::timing::PATIENCE;
+use common::{rss_kib, wait_until};
 
 /// ZMTP 3.0 greeting, NULL mechanism, as a DEALER would send it (64 bytes).
 fn greeting() -> Vec<u8> {
@@ -50,42 +53,85 @@ fn attacks() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Sends the greeting and the attack, then reads until the peer drops us; whether it did
-/// within 5 s (a read that times out means the connection was kept).
-fn attack(addr: &str, payload: &[u8]) -> bool {
+/// How a connection ended, as its client saw it.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// The peer closed it (end of stream).
+    Closed,
+    /// The peer reset it (it closed with our bytes unread).
+    Reset,
+    /// Still open when the read timed out.
+    Kept,
+}
+
+/// Sends the greeting and the attack, then reads until the peer drops us (or 5 s pass); how
+/// the connection ended and how many bytes the peer sent before.
+fn attack(addr: &str, payload: &[u8]) -> (End, usize) {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = s.write_all(&greeting());
     // The peer may drop us before it has read all of the payload: that is the reset here.
     let _ = s.write_all(payload);
     let mut buf = [0u8; 4096];
+    let mut received = 0;
     loop {
         match s.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
+            Ok(0) => return (End::Closed, received),
+            Ok(n) => received += n,
             Err(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return false
+                return (End::Kept, received)
             }
-            Err(_) => return true, // reset
+            Err(_) => return (End::Reset, received),
         }
     }
 }
 
-/// The largest RSS of `pid` over `window`, sampled every 20 ms: what the process reached while
-/// it read the held connections, rather than one reading after a guessed delay.
-async fn peak_rss_kib(pid: u32, window: Duration) -> u64 {
-    let start = std::time::Instant::now();
-    let mut peak = rss_kib(pid);
-    while start.elapsed() < window {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        peak = peak.max(rss_kib(pid));
-    }
-    peak
+/// A fresh connection that sends only the greeting gets the peer's (a 64-byte ZMTP greeting):
+/// the endpoint answers, so a dropped connection was dropped for what followed its greeting.
+fn answers_a_greeting(addr: &str) -> bool {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(&greeting());
+    let mut theirs = [0u8; 64];
+    s.read_exact(&mut theirs).is_ok() && theirs[0] == 0xff && theirs[9] == 0x7f
+}
+
+/// For each connection from one of `client_ports` to `server_port` on loopback, the bytes that
+/// reached the server's socket and that the server has not read yet (`/proc/net/tcp`); None
+/// for one the server no longer has.
+fn unread_by_the_server(server_port: u16, client_ports: &[u16]) -> Vec<Option<u64>> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    let sockets: Vec<(u16, u16, u64)> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (_, rx) = f.get(4)?.split_once(':')?;
+            Some((
+                port(f.get(1)?)?,
+                port(f.get(2)?)?,
+                u64::from_str_radix(rx, 16).ok()?,
+            ))
+        })
+        .collect();
+    client_ports
+        .iter()
+        .map(|client| {
+            sockets
+                .iter()
+                .find(|(local, remote, _)| *local == server_port && remote == client)
+                .map(|(_, _, unread)| *unread)
+        })
+        .collect()
 }
 
 /// Connections that each declare a frame just under the bound and then send nothing (what a
@@ -93,6 +139,14 @@ async fn peak_rss_kib(pid: u32, window: Duration) -> u64 {
 const UNDER_THE_BOUND: usize = 20;
 /// Growth allowed per process while they are held: the declared lengths must not be resident.
 const HELD_GROWTH_KIB: u64 = 64 * 1024;
+
+/// `host:port` of one of the stack's tcp endpoints.
+fn addr_of(stack: &Stack, name: &str) -> String {
+    stack
+        .endpoint(name)
+        .trim_start_matches("tcp://")
+        .to_string()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
@@ -106,16 +160,24 @@ async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
     let (status, _) = complete(stack.client(), &url, &body).await;
     assert_eq!(status, 200);
     for name in ZMQ_ENDPOINTS {
-        let addr = stack
-            .endpoint(name)
-            .trim_start_matches("tcp://")
-            .to_string();
+        let addr = addr_of(&stack, name);
         for (what, payload) in attacks() {
             let addr = addr.clone();
-            let dropped = tokio::task::spawn_blocking(move || attack(&addr, &payload))
+            let (end, received) = tokio::task::spawn_blocking(move || attack(&addr, &payload))
                 .await
                 .unwrap();
-            assert!(dropped, "{what} on {name}: the connection was kept");
+            assert_ne!(
+                end,
+                End::Kept,
+                "{what} on {name}: the connection was kept ({received} bytes received)"
+            );
+            let fresh = addr_of(&stack, name);
+            assert!(
+                tokio::task::spawn_blocking(move || answers_a_greeting(&fresh))
+                    .await
+                    .unwrap(),
+                "after {what} on {name}: a fresh connection's greeting was not answered"
+            );
             for p in Proc::ALL {
                 assert!(
                     stack.is_running(p),
@@ -136,8 +198,26 @@ async fn crafted_frame_headers_on_every_tcp_endpoint_abort_nothing() {
                 s
             })
             .collect();
-        for (p, before) in Proc::ALL.iter().zip(&before) {
-            let after = peak_rss_kib(stack.pid(*p), Duration::from_secs(1)).await;
+        // RSS once the process has read every header (or dropped the connection), sampled
+        // throughout the wait: what it made resident on reading them.
+        let server_port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        let client_ports: Vec<u16> = held
+            .iter()
+            .map(|s| s.local_addr().unwrap().port())
+            .collect();
+        let mut peak = before.clone();
+        wait_until(PATIENCE, "the held connections' headers read", || {
+            for (p, peak) in Proc::ALL.iter().zip(peak.iter_mut()) {
+                *peak = (*peak).max(rss_kib(stack.pid(*p)));
+            }
+            let unread = unread_by_the_server(server_port, &client_ports);
+            async move { unread.iter().all(|u| u.is_none_or(|bytes| bytes == 0)) }
+        })
+        .await;
+        // And after the processes have answered again (their reads are behind them).
+        stack.wait_healthy(PATIENCE).await;
+        for ((p, before), peak) in Proc::ALL.iter().zip(&before).zip(&peak) {
+            let after = (*peak).max(rss_kib(stack.pid(*p)));
             assert!(
                 after <= before + HELD_GROWTH_KIB,
                 "{p:?} RSS {before} → {after} kB with {UNDER_THE_BOUND} connections declaring \

@@ -26,14 +26,21 @@ struct Streams {
 impl Streams {
     /// Starts one streaming greedy completion per prompt (`ignore_eos` keeps long ones going).
     fn spawn(stack: &Stack, prompts: &[String], max_tokens: u32, ignore_eos: bool) -> Streams {
+        let bodies = prompts.iter().map(|p| {
+            let mut body = completion_body(p, max_tokens, true);
+            body["ignore_eos"] = ignore_eos.into();
+            body
+        });
+        Streams::spawn_bodies(stack, bodies)
+    }
+
+    /// Starts one streaming completion per request body.
+    fn spawn_bodies(stack: &Stack, bodies: impl Iterator<Item = serde_json::Value>) -> Streams {
         let started = Arc::new(AtomicUsize::new(0));
         // Streams outlive a 30 s outage: no total timeout (each test bounds its waits).
         let http = reqwest::Client::new();
-        let tasks = prompts
-            .iter()
-            .map(|p| {
-                let mut body = completion_body(p, max_tokens, true);
-                body["ignore_eos"] = ignore_eos.into();
+        let tasks = bodies
+            .map(|body| {
                 let (http, url, started) =
                     (http.clone(), stack.api("/v1/completions"), started.clone());
                 tokio::spawn(async move {
@@ -106,7 +113,8 @@ async fn assert_all_exact(
     }
 }
 
-/// Sum of `num_steps` over reference choices: what a token-processor counts for them at most.
+/// Sum of `num_steps` over reference choices: what a token-processor counts for them, each step
+/// once.
 fn reference_steps(want: &[serde_json::Value]) -> f64 {
     want.iter()
         .map(|c| c["speculate_metrics"]["num_steps"].as_f64().unwrap())
@@ -210,6 +218,7 @@ async fn token_processor_restart_while_the_api_server_is_paused_loses_nothing() 
 async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     let _g = SERIAL.lock().await;
     let mut stack = Stack::start(exact_figures()).await;
+    let want = complete_text(&stack, "Hello", 4).await;
     let streams = Streams::spawn(&stack, &prompts(8), 1500, true);
     streams.wait_started(4).await;
     stack.signal(Proc::EngineWorker, "KILL");
@@ -245,13 +254,11 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
     stack.spawn(Proc::EngineWorker);
     let restarted = Instant::now();
     stack.wait_healthy(PATIENCE).await;
-    let (status, body) = complete(
-        stack.client(),
-        &stack.api("/v1/completions"),
-        &completion_body("Hello", 4, false),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        complete_text(&stack, "Hello", 4).await,
+        want,
+        "served by the restarted worker: text differs from an undisturbed run"
+    );
     eprintln!(
         "worker kill -9: all 8 in-flight requests failed explicitly within {detect:?}; \
          serving again {:?} after restart",
@@ -263,6 +270,7 @@ async fn engine_worker_kill9_fails_requests_within_5s_then_503_then_recovers() {
 async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     let _g = SERIAL.lock().await;
     let mut stack = Stack::start(exact_figures()).await;
+    let want = complete_text(&stack, "Hello", 4).await;
     let running = "specula_requests_running";
     let streams = Streams::spawn(&stack, &prompts(4), 1500, true);
     wait_until(PATIENCE, "4 requests running", || async {
@@ -272,37 +280,40 @@ async fn api_server_kill9_stops_generation_within_5s_then_recovers() {
     stack.signal(Proc::ApiServer, "KILL");
     let killed_at = Instant::now();
     stack.wait_exit(Proc::ApiServer, exit_after_kill()).await;
+    // Stopped, not merely unlisted: with 1,500 tokens each still to go, a worker still
+    // generating for them would hold their KV blocks; its heartbeat (which the token-processor
+    // shows) reports none used. (The streams themselves died with the api-server's sockets:
+    // nothing to learn from them.)
     wait_until(
         detection_bound().saturating_sub(killed_at.elapsed()),
-        "the worker to stop the dead api-server's requests",
-        || async { metric_sum(&stack.metrics_text().await, running) == 0.0 },
+        "the worker to stop the dead api-server's requests and free their KV blocks",
+        || async {
+            metric_sum(&stack.metrics_text().await, running) == 0.0
+                && kv_blocks_used(&stack.tp_health_text().await) == Some(0)
+        },
     )
     .await;
     let stopped = killed_at.elapsed();
-    // Stopped, not merely unlisted: with 1,500 tokens each still to go, the worker generates
-    // nothing more. (The streams themselves died with the api-server's sockets: nothing to
-    // learn from them.)
-    let generated = |text: &str| metric_sum(text, "specula_generation_tokens_total");
-    let before = generated(&stack.metrics_text().await);
-    tokio::time::sleep(4 * link::DEFAULT_HEARTBEAT_INTERVAL).await;
-    let after = generated(&stack.metrics_text().await);
-    assert_eq!(
-        after, before,
-        "the worker went on generating for the dead api-server's requests"
-    );
     for t in streams.tasks {
         t.await.unwrap();
     }
     stack.spawn(Proc::ApiServer);
     stack.wait_healthy(PATIENCE).await;
-    let (status, body) = complete(
-        stack.client(),
-        &stack.api("/v1/completions"),
-        &completion_body("Hello", 4, false),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        complete_text(&stack, "Hello", 4).await,
+        want,
+        "served by the restarted api-server: text differs from an undisturbed run"
+    );
     eprintln!("api-server kill -9: worker stopped its requests {stopped:?} after the kill");
+}
+
+/// The worker's KV blocks in use at its latest heartbeat, from the token-processor's `/health`
+/// line for it (None while it lists no worker).
+fn kv_blocks_used(tp_health: &str) -> Option<u64> {
+    tp_health
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("kv_blocks_used="))
+        .and_then(|v| v.parse().ok())
 }
 
 /// A draining worker or api-server refuses new work while `in_flight` still runs: the worker's
@@ -474,50 +485,89 @@ async fn token_processor_gone_past_the_outage_window_ends_every_request_explicit
             "--tp-outage-window-secs".into(),
             window.as_secs().to_string(),
         ],
-        worker_args: vec!["--retain-max-mib".into(), "1".into()],
         ..exact_figures()
     })
     .await;
+    let want_hello_8 = complete_text(&stack, "Hello", 8).await;
     // Short: most finish on the worker during the window and are kept for a replay.
     let streams = Streams::spawn(&stack, &prompts(8), 16, true);
     streams.wait_started(8).await;
     stack.signal(Proc::TokenProcessor, "KILL");
     let killed_at = Instant::now();
+    // When each stream ends, measured as it ends.
+    let ends: Vec<tokio::task::JoinHandle<(Streamed, Duration)>> = (streams.tasks.into_iter())
+        .map(|t| tokio::spawn(async move { (t.await.unwrap(), killed_at.elapsed()) }))
+        .collect();
     stack
         .wait_exit(Proc::TokenProcessor, exit_after_kill())
         .await;
+
+    // Once the api-server has declared the token-processor dead: new requests get a 503 with
+    // the error envelope, and `/health` names the outage and how long requests wait for it.
+    wait_until(detection_bound(), "/health to name the outage", || async {
+        api_health(&stack).await.0 == 503
+    })
+    .await;
+    let (status, health) = api_health(&stack).await;
+    let reason = health["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        status == 503
+            && reason.contains("token-processor has not said hello recently (gone ")
+            && reason.contains(&format!(
+                "in-flight requests wait up to {} s for it",
+                window.as_secs()
+            ))
+            && health["engine"]["token_processor_outage_s"].is_f64(),
+        "{status} {health}"
+    );
+    let refused = stack
+        .client()
+        .post(stack.api("/v1/completions"))
+        .json(&completion_body("Hello", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(
+        refused.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"], "the token processor is not available",
+        "{body}"
+    );
+    assert_eq!(body["error"]["code"], "engine_unavailable", "{body}");
+
     // Declared dead after the liveness window, then the outage window runs.
     let bound = outage_bound(window);
-    let (mut retained_max, mut retained_bytes_max) = (0, 0);
-    while !streams.tasks.iter().all(|t| t.is_finished()) {
+    let mut retained_max = 0;
+    while !ends.iter().all(|t| t.is_finished()) {
         assert!(
             killed_at.elapsed() < bound,
             "streams still open {bound:?} after the kill"
         );
         let worker = worker_health(&stack).await;
         retained_max = retained_max.max(worker["retained_unacknowledged"].as_u64().unwrap_or(0));
-        retained_bytes_max = retained_bytes_max.max(worker["retained_bytes"].as_u64().unwrap_or(0));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let ended_after = killed_at.elapsed();
-    for (i, t) in streams.tasks.into_iter().enumerate() {
-        let s = t.await.unwrap();
+    let mut first_end = bound;
+    for (i, t) in ends.into_iter().enumerate() {
+        let (s, ended_after) = t.await.unwrap();
         assert!(
             is_explicit_error(&s),
             "stream {i} did not end with an error: {s:?}"
         );
+        // Every stream, not only the last, waited out the window.
+        assert!(
+            ended_after >= window,
+            "stream {i} ended {ended_after:?} after the kill, inside the {window:?} window"
+        );
+        first_end = first_end.min(ended_after);
     }
-    assert!(
-        ended_after >= window,
-        "requests waited out the window, ended {ended_after:?} after the kill"
-    );
     assert!(
         retained_max > 0,
         "requests finished during the outage were kept"
-    );
-    assert!(
-        retained_bytes_max <= 1 << 20,
-        "retained {retained_bytes_max} B > 1 MiB"
     );
     // The api-server's aborts make the worker forget what it kept.
     wait_until(detection_bound(), "worker keeps nothing", || async {
@@ -525,18 +575,158 @@ async fn token_processor_gone_past_the_outage_window_ends_every_request_explicit
     })
     .await;
     eprintln!(
-        "tp gone past a {window:?} window: 8/8 explicit errors {ended_after:?} after the kill; \
-         worker kept at most {retained_max} requests, {retained_bytes_max} B"
+        "tp gone past a {window:?} window: 8/8 explicit errors, the first {first_end:?} after \
+         the kill; /health 503 \"{reason}\"; worker kept at most {retained_max} requests"
     );
     stack.spawn(Proc::TokenProcessor);
     stack.wait_healthy(PATIENCE).await;
+    assert_eq!(
+        complete_text(&stack, "Hello", 8).await,
+        want_hello_8,
+        "served after the restart: text differs from an undisturbed run"
+    );
+}
+
+/// Requests and prompt tokens of the retention test: with its prompt's logprobs (20
+/// alternatives, 192 B a token as the worker counts them) a finished request weighs some
+/// 69 KB, so 16 of them fill the worker's 1 MiB retention bound and 20 overflow it.
+const HEAVY_REQUESTS: u32 = 20;
+const HEAVY_PROMPT_TOKENS: u32 = 360;
+
+/// The worker keeps finished, unacknowledged requests only up to `--retain-max-mib`: past it
+/// the oldest are dropped and counted, and when the token-processor is back their api-server's
+/// probe ends them with an explicit error while the kept ones complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_keeps_finished_requests_only_up_to_its_retention_bound() {
+    let _g = SERIAL.lock().await;
+    let retain_bound: u64 = 1 << 20;
+    let stack = Stack::start(StackConfig {
+        // The outage outlasts computing 20 prompts' logprobs on a loaded 2-core machine: the
+        // requests wait for the token-processor, however long that takes.
+        api_args: vec!["--tp-outage-window-secs".into(), "600".into()],
+        worker_args: vec![
+            "--retain-max-mib".into(),
+            (retain_bound >> 20).to_string(),
+            // The byte bound alone, not the age bound, drops requests here.
+            "--retain-max-age-secs".into(),
+            "600".into(),
+            // One prompt's logprobs per step: a step that computes several takes longer than
+            // the worker's step-loop stall bound (10 s) on this machine, and the worker exits.
+            "--max-num-batched-tokens".into(),
+            "512".into(),
+        ],
+        ..exact_figures()
+    })
+    .await;
+    let bodies = (0..HEAVY_REQUESTS).map(|i| {
+        let prompt: Vec<u32> = (0..HEAVY_PROMPT_TOKENS)
+            .map(|j| 1_000 + (i * 131 + j * 7) % 20_000)
+            .collect();
+        let mut body = completion_body("", 4, true);
+        body["prompt"] = prompt.into();
+        body["echo"] = true.into();
+        body["logprobs"] = 20.into();
+        body
+    });
+    let streams = Streams::spawn_bodies(&stack, bodies);
+    // Paused once all are in the api-server's hands: a prompt's logprobs take the worker far
+    // longer than that, so none has finished (and been acknowledged) yet.
+    wait_until(PATIENCE, "every request in flight", || async {
+        api_health(&stack).await.1["in_flight"] == HEAVY_REQUESTS
+    })
+    .await;
+    stack.signal(Proc::TokenProcessor, "STOP");
+    let stopped_at = Instant::now();
+    // Every request finishes on the worker, unacknowledged; what is kept is sampled meanwhile.
+    let (mut retained_bytes_max, mut retained_max) = (0, 0);
+    let dropped = loop {
+        assert!(
+            stopped_at.elapsed() < 10 * PATIENCE,
+            "requests still unfinished on the worker {:?} after the pause",
+            stopped_at.elapsed()
+        );
+        let worker = worker_health(&stack).await;
+        let kept = worker["retained_unacknowledged"].as_u64().unwrap_or(0);
+        retained_max = retained_max.max(kept);
+        retained_bytes_max = retained_bytes_max.max(worker["retained_bytes"].as_u64().unwrap_or(0));
+        let dropped = worker["retained_dropped_total"].as_u64().unwrap_or(0);
+        if worker["running_and_waiting"] == 0 && kept + dropped == u64::from(HEAVY_REQUESTS) {
+            break dropped;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let computed_in = stopped_at.elapsed();
+    stack.signal(Proc::TokenProcessor, "CONT");
+    // The bound held, and was reached: the worker dropped the oldest rather than go past it.
+    assert!(
+        retained_bytes_max <= retain_bound,
+        "retained {retained_bytes_max} B > {retain_bound} B"
+    );
+    assert!(
+        dropped > 0 && retained_bytes_max > retain_bound * 3 / 4,
+        "the retention bound was not reached: at most {retained_bytes_max} B kept, {dropped} dropped"
+    );
+    // Back, the token-processor replays what was kept; the api-server's probe ends the dropped
+    // ones explicitly.
+    let (mut complete, mut errors) = (0, 0);
+    for (i, t) in streams.tasks.into_iter().enumerate() {
+        let s = tokio::time::timeout(PATIENCE, t)
+            .await
+            .unwrap_or_else(|_| panic!("stream {i} hung after SIGCONT"))
+            .unwrap();
+        if s.done && s.error.is_none() {
+            // The echoed prompt's logprobs came with the replay.
+            let scored = (s.chunks.iter())
+                .filter_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array())
+                .map(Vec::len)
+                .sum::<usize>();
+            assert!(
+                scored > HEAVY_PROMPT_TOKENS as usize,
+                "stream {i}: {scored} logprobs"
+            );
+            complete += 1;
+        } else {
+            assert!(
+                is_explicit_error(&s),
+                "stream {i} ended without an explicit error: {s:?}"
+            );
+            errors += 1;
+        }
+    }
+    eprintln!(
+        "retention bound {retain_bound} B: {HEAVY_REQUESTS} requests finished during a \
+         {computed_in:?} token-processor pause; the worker kept at most {retained_max} \
+         ({retained_bytes_max} B) and dropped {dropped}; after SIGCONT {complete} completed, \
+         {errors} explicit errors"
+    );
+    assert_eq!(
+        errors, dropped,
+        "the dropped requests, and only they, end with an error"
+    );
+    assert_eq!(complete + errors, u64::from(HEAVY_REQUESTS));
+}
+
+/// The api-server's `/health`: status and body.
+async fn api_health(stack: &Stack) -> (u16, serde_json::Value) {
+    let r = stack
+        .client()
+        .get(stack.api("/health"))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// A greedy completion of `prompt` that must succeed; its text.
+async fn complete_text(stack: &Stack, prompt: &str, max_tokens: u32) -> String {
     let (status, body) = complete(
         stack.client(),
         &stack.api("/v1/completions"),
-        &completion_body("Hello", 8, false),
+        &completion_body(prompt, max_tokens, false),
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    body["choices"][0]["text"].as_str().unwrap().to_owned()
 }
 
 /// The api-server's view of its (only) worker, from `/health` (a 503 carries it under `engine`).

@@ -46,6 +46,7 @@ async fn first_success_within(stack: &Stack, bound: Duration) -> Result<Duration
 async fn a_3s_pause_of_each_process_then_a_request_succeeds_within_3s() {
     let _g = SERIAL.lock().await;
     let stack = Stack::start(StackConfig::default()).await;
+    let started: Vec<Option<u64>> = Proc::ALL.iter().map(|p| stack.start_time(*p)).collect();
     for p in [Proc::ApiServer, Proc::TokenProcessor, Proc::EngineWorker] {
         stack.signal(p, "STOP");
         // The fault itself: a pause that every peer takes for a death.
@@ -61,15 +62,51 @@ async fn a_3s_pause_of_each_process_then_a_request_succeeds_within_3s() {
             ),
         }
     }
-    // Nothing exited: the three processes started at the top serve (a crash would leave a
-    // zombie, which `kill -0` still reaches; its state in /proc says it is dead).
-    for p in Proc::ALL {
+    // Nothing was restarted: the three processes started at the top are alive (a crash leaves
+    // a zombie, which `kill -0` still reaches; its state in /proc says it is dead), are the
+    // same processes (a pid given to another process has another start time), and serve.
+    for (p, started) in Proc::ALL.iter().zip(&started) {
         assert!(
-            stack.is_running(p),
+            stack.is_running(*p),
             "{p:?} exited during the pauses:\n{}",
-            stack.log(p)
+            stack.log(*p)
+        );
+        assert!(started.is_some(), "{p:?}: no start time in /proc");
+        assert_eq!(
+            stack.start_time(*p),
+            *started,
+            "{p:?} is not the process started at the top"
         );
     }
+    // Each serves: the api-server's and the token-processor's own health endpoints, and the
+    // worker (which has none) through the api-server's view of it and a request.
+    assert_eq!(stack.status(&stack.api("/health")).await, Some(200));
+    assert!(stack.tp_health_text().await.starts_with("ok:"));
+    let health: Value = stack
+        .client()
+        .get(stack.api("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let worker = &health["workers"][0];
+    for key in [
+        "alive",
+        "ready",
+        "accepting",
+        "token_processor_takes_its_batches",
+    ] {
+        assert_eq!(worker[key], true, "worker {key}: {health}");
+    }
+    let (status, body) = complete(
+        stack.client(),
+        &stack.api("/v1/completions"),
+        &completion_body("1, 2, 3,", 4, false),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
 }
 
 /// 2,000 idle connections to the token-processor's HTTP port (a scraper gone wrong, or a

@@ -1,6 +1,7 @@
 //! Links that require the shared secret (`--link-secret-file`, tcp on loopback here): the stack
 //! serves through authenticated links; a stranger without the secret, or with a wrong one, is
-//! dropped before its hello reaches the protocol; one that proves the secret but says hello with
+//! dropped before its hello reaches the protocol (the refusing gate logs it, and nothing is
+//! answered); one that proves the secret but says hello with
 //! a live peer's id is refused; and a process whose endpoint is reachable from other hosts will
 //! not start without a secret.
 
@@ -10,9 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::openai::{complete, completion_body};
-use common::stack::{Stack, StackConfig};
-use common::timing;
-use link::auth::Secret;
+use common::stack::{Proc, Stack, StackConfig};
+use common::timing::{self, PATIENCE};
+use common::wait_until;
+use link::auth::{Secret, DROPPED_FRAME_LOG};
 use proto::api_worker::{ApiHello, ApiToWorker, WorkerToApi};
 use proto::auth::LinkAuth;
 use proto::tp_api::ApiToTp;
@@ -115,15 +117,23 @@ async fn only_peers_that_prove_the_secret_are_heard() {
     // A peer that answers a hello does so within a heartbeat round and a liveness window.
     let quiet = timing::liveness().window() + timing::liveness().interval;
     let worker = stack.endpoint("worker-0");
-    // No secret: the hello is dropped, nothing comes back.
+    let said = |p: Proc, line: &str| stack.log(p).matches(line).count();
+    // No secret: the worker's gate drops the hello and says so (its first drop is logged at
+    // once), and nothing comes back.
+    let before = said(Proc::EngineWorker, DROPPED_FRAME_LOG);
     let mut s = stranger(&worker).await;
     send(&mut s, api_hello("stranger")).await;
+    wait_until(PATIENCE, "the worker's gate to drop the hello", || async {
+        said(Proc::EngineWorker, DROPPED_FRAME_LOG) > before
+    })
+    .await;
     assert_eq!(
         next(&mut s, quiet).await,
         None,
         "a hello without proof was answered"
     );
     // The token-processor's api endpoint likewise.
+    let before = said(Proc::TokenProcessor, DROPPED_FRAME_LOG);
     let mut t = stranger(&stack.endpoint("tp-api")).await;
     let hello = ApiToTp::Hello(ApiHello {
         protocol_version: proto::PROTOCOL_VERSION,
@@ -131,13 +141,21 @@ async fn only_peers_that_prove_the_secret_are_heard() {
         epoch: 1,
     });
     send(&mut t, proto::encode(&hello).unwrap()).await;
+    wait_until(
+        PATIENCE,
+        "the token-processor's gate to drop the hello",
+        || async { said(Proc::TokenProcessor, DROPPED_FRAME_LOG) > before },
+    )
+    .await;
     assert_eq!(
         next(&mut t, quiet).await,
         None,
         "the token-processor answered a stranger"
     );
 
-    // A wrong secret: challenged, never accepted, its hello dropped.
+    // A wrong secret: challenged, its proof refused (the worker says so), its hello dropped.
+    let failed_proof = "a connection failed to prove the link secret";
+    let before = said(Proc::EngineWorker, failed_proof);
     let mut w = stranger(&worker).await;
     send(&mut w, proto::encode(&LinkAuth::Begin).unwrap()).await;
     let challenge: LinkAuth =
@@ -150,6 +168,10 @@ async fn only_peers_that_prove_the_secret_are_heard() {
         &mut w,
         proto::encode(&LinkAuth::Proof { mac: vec![0; 32] }).unwrap(),
     )
+    .await;
+    wait_until(PATIENCE, "the worker to refuse the wrong proof", || async {
+        said(Proc::EngineWorker, failed_proof) > before
+    })
     .await;
     send(&mut w, api_hello("stranger")).await;
     assert_eq!(

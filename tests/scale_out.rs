@@ -1,7 +1,8 @@
 //! Scale-out as a tested topology: 2 engine-workers, 2 api-servers and 1 token-processor over tcp
 //! on loopback. Requests through both api-servers spread over both workers; every request's
 //! figures are right; the counters per `worker` label add up; `kill -9` of one worker ends its
-//! requests with explicit errors while the other keeps serving, and the restarted one rejoins.
+//! requests with explicit errors while the other keeps serving, and the restarted one rejoins
+//! and serves. Every completed request's text is a K=0 run's (no drafting at all) of its prompt.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::openai::{completion_body, stream, Streamed};
-use common::stack::metric_sum;
+use common::stack::{metric_sum, Stack, StackConfig};
 use common::timing::{self, detection_bound, PATIENCE};
 use common::{binary, default_model, free_port, wait_until};
 use serde_json::Value;
@@ -249,9 +250,24 @@ async fn streams(
         .collect()
 }
 
+/// The greedy texts of a one-worker stack with K=0 (no drafting at all) for `prompts`, `max_tokens`
+/// each (past EOS with `ignore_eos`): what the cluster must answer, whichever worker serves.
+async fn k0_texts(
+    stack: &Stack,
+    prompts: &[String],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> Vec<String> {
+    stack
+        .reference_choices_with(prompts, max_tokens, ignore_eos)
+        .await
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_workers_two_api_servers_one_token_processor() {
-    let mut c = Cluster::start().await;
     let prompts: Vec<String> = (0..4)
         .map(|i| {
             format!(
@@ -261,6 +277,24 @@ async fn two_workers_two_api_servers_one_token_processor() {
             )
         })
         .collect();
+    let long: Vec<String> = (0..4)
+        .map(|i| format!("Write a long story about robot {i}."))
+        .collect();
+    // The reference, computed before the cluster starts (one stack at a time on 2 cores).
+    let (want_24, want_200, want_8, want_16) = {
+        let k0 = Stack::start(StackConfig {
+            num_spec_tokens: 0,
+            ..StackConfig::default()
+        })
+        .await;
+        (
+            k0_texts(&k0, &prompts, 24, false).await,
+            k0_texts(&k0, &long, 200, true).await,
+            k0_texts(&k0, &prompts[..1], 8, false).await,
+            k0_texts(&k0, &prompts, 16, false).await,
+        )
+    };
+    let mut c = Cluster::start().await;
 
     // The same prompts through both api-servers at once: 8 requests over both workers.
     let mut tasks = streams(&c, 0, &prompts, 24, false).await;
@@ -274,10 +308,12 @@ async fn two_workers_two_api_servers_one_token_processor() {
         assert!(s.done && s.error.is_none(), "{s:?}");
         results.push(s);
     }
-    // Greedy and batch-invariant: the same prompt gives the same text and figures, whichever
-    // api-server and worker served it.
+    // Greedy and batch-invariant: the same prompt gives K=0's text and the same figures,
+    // whichever api-server and worker served it.
+    for (i, s) in results.iter().enumerate() {
+        assert_eq!(s.text, want_24[i % 4], "request {i}: text differs from K=0");
+    }
     for i in 0..4 {
-        assert_eq!(results[i].text, results[i + 4].text, "prompt {i}");
         // The policy's prediction depends on what the serving worker learned before.
         assert_eq!(
             results[i]
@@ -329,16 +365,13 @@ async fn two_workers_two_api_servers_one_token_processor() {
 
     // kill -9 of w-a while both serve long streams: w-a's requests end with explicit errors,
     // w-b's complete, and new requests go to w-b.
-    let long: Vec<String> = (0..4)
-        .map(|i| format!("Write a long story about robot {i}."))
-        .collect();
     let tasks = streams(&c, 0, &long, 200, true).await;
     wait_until(PATIENCE, "steps on both workers", || async {
         let now = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
         now[0] > steps[0] && now[1] > steps[1]
     })
     .await;
-    let steps_before_kill = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
+    let lost_before_kill = per_worker(&c.metrics().await, "specula_workers_lost_total");
     c.kill_worker(0);
     let killed = Instant::now();
     // When each stream ended, measured as it ends (not in the order they are awaited).
@@ -350,10 +383,16 @@ async fn two_workers_two_api_servers_one_token_processor() {
         .await
         .expect("streams hung after the kill");
     let (mut complete, mut errors, mut slowest_error) = (0, 0, Duration::ZERO);
-    for (s, after) in ended {
+    for (i, (s, after)) in ended.into_iter().enumerate() {
         assert!(s.done, "every stream ends with [DONE]: {s:?}");
         match &s.error {
-            None => complete += 1,
+            None => {
+                assert_eq!(
+                    s.text, want_200[i],
+                    "w-b's stream {i}: text differs from K=0"
+                );
+                complete += 1
+            }
             Some(e) => {
                 assert!(
                     e.get("transport").is_none(),
@@ -386,21 +425,45 @@ async fn two_workers_two_api_servers_one_token_processor() {
                 s.done && s.error.is_none(),
                 "served by w-b through api {api}: {s:?}"
             );
+            assert_eq!(
+                s.text, want_8[0],
+                "served by w-b through api {api}: text differs from K=0"
+            );
         }
     }
 
-    // The restarted w-a rejoins and takes requests again.
+    // The restarted w-a rejoins and takes requests again. Its steps are told from the killed
+    // one's by when they are counted: only after the token-processor ended the killed epoch
+    // (nothing of it is counted after that) and took the new one's hello.
+    wait_until(
+        detection_bound(),
+        "the token-processor to end the killed w-a's epoch",
+        || async {
+            per_worker(&c.metrics().await, "specula_workers_lost_total")[0] > lost_before_kill[0]
+        },
+    )
+    .await;
     c.start_worker(0);
     c.wait_both_workers_serving().await;
+    let steps_of_the_killed = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
     let mut tasks = streams(&c, 0, &prompts, 16, false).await;
     tasks.extend(streams(&c, 1, &prompts, 16, false).await);
-    for t in tasks {
+    for (i, t) in tasks.into_iter().enumerate() {
         let s = t.await.unwrap();
         assert!(s.done && s.error.is_none(), "{s:?}");
+        assert_eq!(
+            s.text,
+            want_16[i % 4],
+            "request {i} after the restart: text differs from K=0"
+        );
     }
     let after = per_worker(&c.metrics().await, "specula_spec_decode_num_steps_total");
+    eprintln!(
+        "restarted w-a: {} steps of the 8 requests after it rejoined; every text K=0's",
+        after[0] - steps_of_the_killed[0]
+    );
     assert!(
-        after[0] > steps_before_kill[0],
-        "w-a serves again: {steps_before_kill:?} -> {after:?}"
+        after[0] > steps_of_the_killed[0],
+        "the restarted w-a served none of the requests: its steps {steps_of_the_killed:?} -> {after:?}"
     );
 }

@@ -308,16 +308,24 @@ async fn a_trickled_body_gets_408_and_a_heavy_body_is_served() {
     .await
     .unwrap();
     assert!(response.starts_with("HTTP/1.1 408"), "{response:?}");
-    // The OpenAI envelope, saying what happened.
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // The OpenAI error object, as JSON, saying what happened: exactly its four fields.
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("content-type: application/json")),
+        "{head}"
+    );
     let envelope: serde_json::Value = serde_json::from_str(body.trim())
         .unwrap_or_else(|e| panic!("408 body is not JSON ({e}): {response:?}"));
-    assert_eq!(envelope["error"]["code"], "body_timeout", "{envelope}");
-    assert!(
-        envelope["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("did not arrive within 1 s")),
-        "{envelope}"
+    assert_eq!(
+        envelope,
+        serde_json::json!({"error": {
+            "message": "the request body did not arrive within 1 s",
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "body_timeout",
+        }}),
+        "{response:?}"
     );
     assert!(
         started.elapsed() < body_timeout + support::SLACK,

@@ -193,15 +193,15 @@ impl Stack {
 
     /// The process is alive (not exited: an exited child stays a zombie until it is waited on).
     pub fn is_running(&self, p: Proc) -> bool {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid(p)));
-        // Field 3, after the parenthesised command name, is the state.
-        stat.ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|rest| rest.trim_start().to_owned())
-            })
-            .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+        proc_stat(self.pid(p))
+            .and_then(|fields| fields.first().cloned())
+            .is_some_and(|state| state != "Z" && state != "X")
+    }
+
+    /// When the process started, in clock ticks since boot (`/proc/PID/stat` field 22): the
+    /// same value later means the same process, not another that was given its pid.
+    pub fn start_time(&self, p: Proc) -> Option<u64> {
+        proc_stat(self.pid(p))?.get(19)?.parse().ok()
     }
 
     /// Sends a signal (e.g. "KILL", "TERM", "STOP", "CONT") to one process.
@@ -372,6 +372,14 @@ fn timing_settings(p: Proc) -> Vec<(&'static str, String)> {
         ],
     });
     settings
+}
+
+/// The fields of `/proc/PID/stat` from field 3 (the state) on; the command name before them is
+/// parenthesised and may hold spaces.
+fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
 /// Sum of a Prometheus counter's samples (all label sets) in an exposition text.

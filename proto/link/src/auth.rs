@@ -40,6 +40,14 @@ const MAX_AUTH_FRAME: usize = 128;
 /// How long [`prove`] waits for each answer.
 pub const PROVE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Dropped frames are logged at most this often (with the count so far): a stranger's flood
+/// must not flood the log, and an operator still sees that strangers knock.
+pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The log line for frames dropped from connections that have not proved the secret.
+pub const DROPPED_FRAME_LOG: &str =
+    "dropped a frame from a connection that has not proved the link secret";
+
 /// The link secret: never printed.
 #[derive(Clone)]
 pub struct Secret(Arc<[u8]>);
@@ -146,6 +154,9 @@ pub struct Gate {
     challenged: HashMap<Bytes, (Vec<u8>, Instant)>,
     /// Challenged ids, oldest first (an id already proven or dropped is skipped).
     challenge_order: VecDeque<Bytes>,
+    /// Frames dropped since start, and when that was last logged.
+    dropped: u64,
+    drop_logged: Option<Instant>,
 }
 
 impl Gate {
@@ -155,6 +166,8 @@ impl Gate {
             admitted: HashMap::new(),
             challenged: HashMap::new(),
             challenge_order: VecDeque::new(),
+            dropped: 0,
+            drop_logged: None,
         }
     }
 
@@ -198,11 +211,30 @@ impl Gate {
                 }
                 _ => {
                     tracing::warn!("a connection failed to prove the link secret; dropping it");
-                    Verdict::Drop
+                    self.drop_frame(now)
                 }
             },
-            _ => Verdict::Drop,
+            _ => self.drop_frame(now),
         }
+    }
+
+    /// Counts a dropped frame and says so: the first at once, then at most once per
+    /// [`DROP_LOG_INTERVAL`].
+    fn drop_frame(&mut self, now: Instant) -> Verdict {
+        self.dropped += 1;
+        let due = self
+            .drop_logged
+            .is_none_or(|at| now.saturating_duration_since(at) >= DROP_LOG_INTERVAL);
+        if due {
+            self.drop_logged = Some(now);
+            tracing::warn!(dropped_total = self.dropped, "{DROPPED_FRAME_LOG}");
+        }
+        Verdict::Drop
+    }
+
+    /// Frames dropped since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     fn challenge(&mut self, routing_id: &Bytes, nonce: Vec<u8>, now: Instant) {
@@ -356,6 +388,8 @@ mod tests {
             Verdict::Drop
         );
         assert_eq!(gate.check(&c, &hello), Verdict::Drop);
+        // Every drop counted: a's hello twice, b's proof and hello, c's proof and hello.
+        assert_eq!(gate.dropped(), 6);
     }
 
     #[test]

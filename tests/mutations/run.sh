@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The mutation check of docs/faults.md ("What each test catches"), reproducible: each patch here
+# is one deliberate product bug, made with `git diff`, whose header names the test that should
+# catch it:
+#
+#   # mutation: what the bug does
+#   # test: the command that runs the test
+#   # expect: caught | missed   (missed: a second mechanism covers it, as the table says)
+#
+# For each patch (all, or those named: `tests/mutations/run.sh 01 19-health-always-200`), this
+# applies it, builds the binaries, runs its test, and reverts it (always: on failure and on
+# Ctrl-C too), then prints mutation → test → caught (the test failed) or MISSED (it passed).
+# Slow (a build and a process-level test per patch) and it edits the working tree while it
+# runs: on demand only, never in CI, on a clean checkout. Logs: target/mutations/<patch>.log.
+set -euo pipefail
+
+root="$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+cd "$root"
+here=tests/mutations
+logs=target/mutations
+mkdir -p "$logs"
+# A test that a bug makes hang fails on its own bounds; this only stops a runaway.
+test_timeout="${MUTATION_TEST_TIMEOUT:-1800}"
+
+patches=()
+if [ "$#" -eq 0 ]; then
+    patches=("$here"/*.patch)
+else
+    for want in "$@"; do
+        found=("$here/$want"*.patch)
+        [ -e "${found[0]}" ] || { echo "no patch named $want*" >&2; exit 2; }
+        patches+=("${found[@]}")
+    done
+fi
+
+applied=""
+revert() {
+    if [ -n "$applied" ]; then
+        git apply -R "$applied"
+        echo "reverted $(basename "$applied")" >&2
+        applied=""
+    fi
+}
+trap revert EXIT
+trap 'exit 130' INT TERM
+
+header() { sed -n "s/^# $2: //p" "$1" | head -n 1; }
+
+rows=()
+for patch in "${patches[@]}"; do
+    name="$(basename "$patch" .patch)"
+    test_cmd="$(header "$patch" test)"
+    expect="$(header "$patch" expect)"
+    log="$logs/$name.log"
+    [ -n "$test_cmd" ] || { echo "$patch: no '# test:' line" >&2; exit 2; }
+    git apply --check "$patch"
+    git apply "$patch"
+    applied="$patch"
+    started=$SECONDS
+    echo "== $name: $(header "$patch" mutation)" >&2
+    if ! cargo build --workspace --bins >"$log" 2>&1; then
+        outcome="build failed"
+    elif timeout "$test_timeout" bash -c "$test_cmd" >>"$log" 2>&1; then
+        outcome="MISSED"
+    else
+        outcome="caught"
+    fi
+    revert
+    took=$((SECONDS - started))
+    case "$outcome/$expect" in
+        caught/caught | MISSED/missed) verdict="as documented" ;;
+        *) verdict="NOT as documented ($expect)" ;;
+    esac
+    row="| $name | $(header "$patch" mutation) | \`${test_cmd#cargo test }\` | $outcome | $verdict | ${took} s |"
+    echo "$row" >&2
+    rows+=("$row")
+done
+
+echo
+echo "| patch | mutation | test | outcome | against the expectation | took |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
