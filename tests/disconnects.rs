@@ -91,6 +91,25 @@ async fn wait_drained(stack: &Stack) {
     .await;
 }
 
+/// The test is about clients leaving mid-stream: most of the `sent` requests must really have
+/// done so (a run of 429s would test nothing), and each such request was aborted at the worker
+/// (the token-processor counts it as finished by abort).
+async fn assert_disconnects_were_aborts(stack: &Stack, sent: usize, disconnected: usize) {
+    let aborted = metric_sum(
+        &stack.metrics_text().await,
+        "specula_requests_finished_abort_total",
+    );
+    eprintln!("{sent} requests, {disconnected} dropped mid-stream, {aborted} aborts seen by the token-processor");
+    assert!(
+        disconnected * 10 >= sent * 9,
+        "only {disconnected} of {sent} requests were dropped mid-stream"
+    );
+    assert!(
+        aborted >= disconnected as f64 * 0.9,
+        "{aborted} aborts for {disconnected} mid-stream disconnects"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
     let n: usize = std::env::var("SPECULA_DISCONNECT_REQUESTS")
@@ -113,8 +132,11 @@ async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
 
     // Warm-up: allocator arenas, KV blocks, connection pools reach their working size first.
     let warm = (n / 10).clamp(100, 1000);
-    disconnect_wave(&stack, warm, 32).await;
+    let warm_disconnected = disconnect_wave(&stack, warm, 32).await;
     wait_drained(&stack).await;
+    // Checked already here: without aborts, the 10k requests would each run their 64 tokens and
+    // the test would take most of an hour before failing at the end.
+    assert_disconnects_were_aborts(&stack, warm, warm_disconnected).await;
     let before: Vec<u64> = pids.iter().map(|(_, pid)| rss_kib(*pid)).collect();
 
     // In five waves, so a failure shows whether RSS climbs steadily (a leak) or jumps once.
@@ -130,25 +152,15 @@ async fn ten_thousand_disconnecting_clients_leave_no_state_behind() {
         eprintln!("RSS kB after wave {}: {after:?}", wave + 1);
     }
 
-    let aborted = metric_sum(
-        &stack.metrics_text().await,
-        "specula_requests_finished_abort_total",
-    );
     eprintln!(
-        "{n} disconnects in {:?}; {aborted} aborts seen by the token-processor; RSS kB before/after: {:?}",
+        "{n} disconnects in {:?}; RSS kB before/after: {:?}",
         started.elapsed(),
-        pids.iter().zip(before.iter().zip(&after)).map(|((p, _), (b, a))| (*p, *b, *a)).collect::<Vec<_>>()
+        pids.iter()
+            .zip(before.iter().zip(&after))
+            .map(|((p, _), (b, a))| (*p, *b, *a))
+            .collect::<Vec<_>>()
     );
-    // The test is about clients leaving mid-stream: most of them must really have done so (a
-    // run of 429s would test nothing), and each such request was aborted at the worker.
-    assert!(
-        disconnected * 10 >= n * 9,
-        "only {disconnected} of {n} requests were dropped mid-stream"
-    );
-    assert!(
-        aborted >= disconnected as f64 * 0.9,
-        "{aborted} aborts for {disconnected} mid-stream disconnects"
-    );
+    assert_disconnects_were_aborts(&stack, warm + n, warm_disconnected + disconnected).await;
     for (((p, _), b), a) in pids.iter().zip(&before).zip(&after) {
         // The worker's RSS holds its whole KV cache (~1.6 GB, prefaulted): bound its growth in
         // bytes, not in percent of that reservation. Measured growth over 10k: 14–20 MB (allocator state).

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::api_worker::RejectReason;
-use proto::tp_api::Usage as EngineUsage;
+use proto::tp_api::TokenCounts;
 use proto::SpeculateMetrics;
 use tokio::time::Instant;
 
 use crate::engine::admission::{Admitted, ClientKey};
-use crate::engine::{Engine, EngineEvent, EngineFailure, EngineRequest, SubmitRequest};
+use crate::engine::{EngineEvent, EngineFailure, EngineRequest, ServingEngine, SubmitRequest};
 use crate::error::ApiError;
 use crate::openai::logprobs::{self, LogprobEntry, TokenNames};
 use crate::openai::responses::Usage;
@@ -110,7 +110,7 @@ struct RequestCommon<E> {
     pending: Mutex<VecDeque<PendingChoice>>,
 }
 
-impl<E: Engine> RequestCommon<E> {
+impl<E: ServingEngine> RequestCommon<E> {
     fn next_pending(&self) -> Option<PendingChoice> {
         self.pending
             .lock()
@@ -147,7 +147,7 @@ impl<E: Engine> RequestCommon<E> {
 }
 
 /// One admitted sequence of a request, running its choices one after another.
-pub struct Lane<E: Engine> {
+pub struct Lane<E: ServingEngine> {
     common: Arc<RequestCommon<E>>,
     current: Option<ChoiceRun<E::Request>>,
     /// Its place under the admission bound, given back when the lane is dropped.
@@ -157,7 +157,7 @@ pub struct Lane<E: Engine> {
 /// Admits the choices of `spec` for `client` (a 429 when the server stays full past the
 /// admission wait), then starts as many as the request was given lanes; the others start as
 /// lanes free. On a failure to start, the ones already started are aborted.
-pub async fn start_choices<E: Engine>(
+pub async fn start_choices<E: ServingEngine>(
     engine: &E,
     tokenizer: &Arc<Tokenizer>,
     spec: &GenerateSpec,
@@ -217,7 +217,7 @@ pub async fn start_choices<E: Engine>(
     Ok(started)
 }
 
-impl<E: Engine> Lane<E> {
+impl<E: ServingEngine> Lane<E> {
     /// The next update of this lane's current choice, starting the next pending choice of the
     /// request when it ends; `None` when no choice is left. Cancel-safe (see
     /// [`ChoiceRun::step`]): nothing changes until an engine event arrives.
@@ -392,7 +392,7 @@ impl<R: EngineRequest> ChoiceRun<R> {
 
     fn end(
         &mut self,
-        engine_usage: Option<EngineUsage>,
+        engine_usage: Option<TokenCounts>,
         metrics: Option<SpeculateMetrics>,
     ) -> ChoiceEnd {
         let mut text = self.take_echo();
@@ -417,7 +417,7 @@ impl<R: EngineRequest> ChoiceRun<R> {
 }
 
 /// Runs every lane concurrently; the first failure fails the request (and aborts the rest).
-pub async fn collect_all<E: Engine>(
+pub async fn collect_all<E: ServingEngine>(
     lanes: Vec<Lane<E>>,
 ) -> Result<Vec<(String, ChoiceEnd)>, ApiError> {
     let results = futures::future::try_join_all(lanes.into_iter().map(Lane::run_to_end)).await?;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use api_server::auth::ApiKey;
 use api_server::body::BodyLimits;
 use api_server::engine::admission::AdmissionBound;
-use api_server::engine::{EngineClient, EngineConfig};
+use api_server::engine::{EngineClient, EngineClientConfig};
 use api_server::memory::IdleTrim;
 use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
@@ -211,8 +211,8 @@ fn load_model(args: &Args) -> anyhow::Result<(ModelAssets, u32)> {
     Ok((model, max_model_len))
 }
 
-fn engine_config(args: &Args, api_server_id: String) -> anyhow::Result<EngineConfig> {
-    let mut engine_config = EngineConfig::new(
+fn engine_config(args: &Args, api_server_id: String) -> anyhow::Result<EngineClientConfig> {
+    let mut engine_config = EngineClientConfig::new(
         args.worker_endpoints.clone(),
         args.tp_endpoint.clone(),
         api_server_id,

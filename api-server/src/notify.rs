@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::engine::{Engine, EngineClient};
+use crate::engine::{EngineClient, ServingEngine};
 
 /// Runs until the server is first ready.
 pub async fn run(engine: EngineClient) {

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use link::http::ConnectionSocket;
 
-use crate::engine::Engine;
+use crate::engine::ServingEngine;
 use crate::error::ApiError;
 use crate::generate::{ChoiceEnd, ChoiceUpdate, Lane};
 use crate::openai::logprobs::LogprobEntry;
@@ -66,7 +66,7 @@ pub const FIRST_UPDATE_PATIENCE: Duration = Duration::from_millis(500);
 pub const STREAM_QUEUE_CHUNKS: usize = 32;
 
 /// A lane with its first update taken when it came within the patience (see [`first_updates`]).
-pub struct PrimedLane<E: Engine> {
+pub struct PrimedLane<E: ServingEngine> {
     lane: Lane<E>,
     first: Option<ChoiceUpdate>,
 }
@@ -74,7 +74,7 @@ pub struct PrimedLane<E: Engine> {
 /// Waits up to `patience` for every run's first update, so a request the engine refuses or
 /// fails before any output gets a proper HTTP status instead of a 200 stream holding an error
 /// event, while a queued one is not left without a status.
-pub async fn first_updates<E: Engine>(
+pub async fn first_updates<E: ServingEngine>(
     lanes: Vec<Lane<E>>,
     patience: Duration,
 ) -> Result<Vec<PrimedLane<E>>, ApiError> {
@@ -103,7 +103,7 @@ pub struct Delivery {
 
 /// Merges the lanes' updates into one SSE body, each update written as one chunk; a client that
 /// reads nothing for the write timeout loses the stream (see the module's doc).
-pub fn sse_response<E: Engine>(
+pub fn sse_response<E: ServingEngine>(
     lanes: Vec<PrimedLane<E>>,
     chunks: impl StreamChunks,
     include_usage: bool,

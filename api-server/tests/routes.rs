@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use proto::tp_api::Usage as EngineUsage;
+use proto::tp_api::TokenCounts;
 use proto::FinishReason;
 use serde_json::{json, Value};
 use support::in_process::ScriptedEngine;
@@ -30,7 +30,7 @@ fn answer(metrics: Option<proto::SpeculateMetrics>) -> Vec<EngineEvent> {
         EngineEvent::Tokens(tokens),
         EngineEvent::Finished(Finished {
             reason: FinishReason::Length,
-            usage: Some(EngineUsage {
+            usage: Some(TokenCounts {
                 prompt_tokens: 0,
                 cached_prompt_tokens: 0,
                 completion_tokens,

@@ -11,7 +11,7 @@ use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
 use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettings};
-use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, StepLoopIo, STEP_LOOP_STALL};
+use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, step_loop_stall, StepLoopIo};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
 use engine_worker::kv::{parse_bytes, KvBudget, KvDtype};
@@ -284,6 +284,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     ));
 
     let drain = Duration::from_secs(args.drain_timeout_secs);
+    let stall = step_loop_stall(args.max_num_batched_tokens);
     let ends = EngineEnds {
         commands: cmd_rx,
         to_tp: tp_tx,
@@ -310,7 +311,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
 
     tokio::select! {
         _ = service::shutdown_signal() => tracing::info!("draining"),
-        why = step_loop_failure(&status, &engine_thread, STEP_LOOP_STALL) => {
+        why = step_loop_failure(&status, &engine_thread, stall) => {
             // Heartbeats would stay green while nothing steps: exit so that systemd restarts us.
             tracing::error!(reason = %why, "step loop failed; exiting");
             anyhow::bail!("step loop failed: {why}");
@@ -361,10 +362,7 @@ impl Running {
 
 /// What the worker says of itself in hellos and heartbeats, before the model is loaded.
 fn worker_status(args: &Args, worker_id: &str) -> Arc<WorkerStatus> {
-    let epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or_default();
+    let epoch = link::identity::new_epoch();
     // The same name the loader gives the model, so metric labels do not change when the
     // not-ready hello is followed by the ready one.
     let model_label = vocab::served_model_name(&args.model);

@@ -23,8 +23,10 @@ pub struct TpHello {
     pub workers: Vec<String>,
 }
 
+/// A request's token counts as the token-processor reports them at its end (the api-server
+/// turns them into OpenAI's `usage`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
+pub struct TokenCounts {
     pub prompt_tokens: u32,
     /// Of `prompt_tokens`, those served from the worker's prefix cache (OpenAI's
     /// `usage.prompt_tokens_details.cached_tokens`).
@@ -58,7 +60,7 @@ pub struct RequestOutput {
     pub first_index: u32,
     pub tokens: Vec<u32>,
     pub finish: Option<FinishReason>,
-    pub usage: Option<Usage>,
+    pub usage: Option<TokenCounts>,
     /// Boxed: present once per request, and keeping it out of line makes an output ~70 bytes
     /// instead of ~230, which a 512-row batch's outputs feel (same encoding on the wire).
     pub speculate_metrics: Option<Box<SpeculateMetrics>>,

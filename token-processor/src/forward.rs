@@ -8,13 +8,13 @@
 //! [`TpToApi::AskHello`]. Our hello doubles as our heartbeat and lists the workers whose batches
 //! we take now, so an api-server routes only where outputs can come from.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use link::auth::{Gate, Verdict};
 use link::liveness::Heard;
-use link::{Liveness, Sweep, Sweeper};
+use link::peers::{HelloOutcome, PeerTable};
+use link::Liveness;
 use proto::tp_api::{ApiToTp, TpHello, TpToApi};
 use tokio::sync::{mpsc, watch};
 use zeromq::{RouterRecvHalf, RouterSendHalf, RouterSocket, SocketRecv, SocketSend, ZmqMessage};
@@ -26,19 +26,8 @@ use crate::tracker::{encode_outputs_message, merge_by_owner};
 /// Longest wait for one api-server's send queue.
 pub const SEND_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// Api-servers seen recently and how to reach them.
-#[derive(Debug, Default)]
-struct ApiServers {
-    by_name: HashMap<String, ApiPeer>,
-}
-
-#[derive(Debug)]
-struct ApiPeer {
-    routing_id: Bytes,
-    /// The api-server process (a restart is a new epoch).
-    epoch: u64,
-    last_heard: Instant,
-}
+/// Most api-servers known at once; hellos of new names beyond it are ignored.
+const MAX_API_SERVERS: usize = 256;
 
 enum FromApi {
     /// A step of the link-secret exchange to send back (`link::auth`).
@@ -175,9 +164,8 @@ fn parse_api_message(routing_id: &Bytes, payload: &[u8]) -> Option<FromApi> {
 /// The forwarding loop's state: the send half, the api-servers it knows, and its hello.
 struct Forwarder {
     send: RouterSendHalf,
-    peers: ApiServers,
-    liveness: Liveness,
-    sweeper: Sweeper,
+    /// The api-servers that said hello, by name (outputs go to their owner by name).
+    peers: PeerTable<()>,
     tp_epoch: u64,
     /// Our hello (also our heartbeat), naming the workers alive now.
     hello: Bytes,
@@ -196,9 +184,7 @@ impl Forwarder {
         let ask_hello = proto::encode(&TpToApi::AskHello).ok().map(Bytes::from)?;
         Some(Self {
             send,
-            peers: ApiServers::default(),
-            liveness,
-            sweeper: Sweeper::new(liveness),
+            peers: PeerTable::new(liveness, MAX_API_SERVERS, "api-server", "api-server-id"),
             tp_epoch,
             hello,
             ask_hello,
@@ -210,7 +196,7 @@ impl Forwarder {
     async fn forward(&mut self, batch: OutputsByOwner) {
         for (owner, list) in batch {
             let n = list.len();
-            let Some(peer) = self.peers.by_name.get(&*owner) else {
+            let Some(peer) = self.peers.get(&owner) else {
                 metrics::outputs_dropped(n);
                 tracing::debug!(owner = %owner, outputs = n, "owner not connected; dropping outputs");
                 continue;
@@ -251,51 +237,35 @@ impl Forwarder {
     /// Admits an api-server (answering with our hello), unless another live one, of another
     /// epoch, holds its name.
     async fn hello_from(&mut self, routing_id: Bytes, name: String, epoch: u64) {
-        let now = Instant::now();
-        let holder = self
+        let outcome = self
             .peers
-            .by_name
-            .get(&name)
-            .filter(|p| p.epoch != epoch && !self.liveness.is_silent(p.last_heard, now));
-        if holder.is_some() {
-            metrics::duplicate_id_refused();
-            tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
-            let reason = format!("api-server id {name} is held by another live api-server; give each api-server its own --api-server-id");
-            if let Ok(frame) = proto::encode(&TpToApi::Refused { reason }) {
-                send_to(&mut self.send, &routing_id, Bytes::from(frame)).await;
+            .hello(&name, epoch, routing_id.clone(), Instant::now(), || ());
+        match outcome {
+            HelloOutcome::Admitted | HelloOutcome::Reconnected | HelloOutcome::Restarted { .. } => {
             }
-            return;
+            HelloOutcome::Refused { reason } => {
+                metrics::duplicate_id_refused();
+                tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
+                if let Ok(frame) = proto::encode(&TpToApi::Refused { reason }) {
+                    send_to(&mut self.send, &routing_id, Bytes::from(frame)).await;
+                }
+                return;
+            }
+            HelloOutcome::Full => {
+                tracing::warn!(api_server = %name, "too many api-servers; hello ignored");
+                return;
+            }
         }
         tracing::info!(api_server = %name, "api-server said hello");
         send_to(&mut self.send, &routing_id, self.hello.clone()).await;
-        self.peers.by_name.insert(
-            name,
-            ApiPeer {
-                routing_id,
-                epoch,
-                last_heard: now,
-            },
-        );
-        metrics::set_api_servers_connected(self.peers.by_name.len());
+        metrics::set_api_servers_connected(self.peers.len());
     }
 
     /// Notes a known api-server as heard; asks one we do not know for its hello.
     async fn heartbeat_from(&mut self, routing_id: Bytes, name: String, epoch: u64) {
-        let peer = self
-            .peers
-            .by_name
-            .get_mut(&name)
-            .filter(|p| p.routing_id == routing_id && p.epoch == epoch);
-        match Heard::of(peer.is_some()) {
-            Heard::Known => {
-                if let Some(peer) = peer {
-                    peer.last_heard = Instant::now();
-                }
-            }
-            Heard::AskHello => {
-                tracing::info!(api_server = %name, "heartbeat from an api-server we do not know; asking for its hello");
-                send_to(&mut self.send, &routing_id, self.ask_hello.clone()).await;
-            }
+        if self.peers.heard(&name, epoch, &routing_id, Instant::now()) == Heard::AskHello {
+            tracing::info!(api_server = %name, "heartbeat from an api-server we do not know; asking for its hello");
+            send_to(&mut self.send, &routing_id, self.ask_hello.clone()).await;
         }
     }
 
@@ -310,31 +280,16 @@ impl Forwarder {
     /// Forgets api-servers silent too long (or forgives all after our own stall), then
     /// heartbeats the rest.
     async fn sweep_and_heartbeat(&mut self) {
-        let now = Instant::now();
-        match self.sweeper.begin(now) {
-            Sweep::Judge => {
-                let liveness = self.liveness;
-                self.peers.by_name.retain(|name, peer| {
-                    let alive = !liveness.is_silent(peer.last_heard, now);
-                    if !alive {
-                        tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
-                    }
-                    alive
-                })
-            }
-            Sweep::Forgive { .. } => {
-                for peer in self.peers.by_name.values_mut() {
-                    peer.last_heard = now;
-                }
-            }
+        for (name, _) in self.peers.sweep(Instant::now()) {
+            tracing::warn!(api_server = %name, "api-server missed its heartbeats; forgetting it");
         }
-        metrics::set_api_servers_connected(self.peers.by_name.len());
+        metrics::set_api_servers_connected(self.peers.len());
         // The hello doubles as the token-processor's heartbeat.
         self.send_hello_to_all().await;
     }
 
     async fn send_hello_to_all(&mut self) {
-        for peer in self.peers.by_name.values() {
+        for (_, peer) in self.peers.iter() {
             send_to(&mut self.send, &peer.routing_id, self.hello.clone()).await;
         }
     }

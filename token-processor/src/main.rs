@@ -9,7 +9,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -184,9 +184,7 @@ fn return_idle_memory() {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let origin = Instant::now();
-    let tp_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let tp_epoch = link::identity::new_epoch();
     let classes = Arc::new(RequestClasses::new(&args.request_classes).map_err(TpError::Config)?);
     let prometheus =
         metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;

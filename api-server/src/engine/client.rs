@@ -16,7 +16,8 @@ use super::peers::least_loaded;
 use super::registry::REQUEST_CHANNEL_CAPACITY;
 use super::shared::{lock, Shared};
 use super::{
-    links, Engine, EngineConfig, EngineEvent, EngineFailure, EngineRequest, SubmitRequest,
+    links, EngineClientConfig, EngineEvent, EngineFailure, EngineRequest, ServingEngine,
+    SubmitRequest,
 };
 use crate::error::ApiError;
 
@@ -35,7 +36,7 @@ pub struct EngineClient {
 
 impl EngineClient {
     /// Starts the links and the liveness watchdog on the current tokio runtime.
-    pub fn start(config: EngineConfig) -> Self {
+    pub fn start(config: EngineClientConfig) -> Self {
         let mut worker_tx = Vec::new();
         let mut worker_rx = Vec::new();
         for _ in &config.worker_endpoints {
@@ -100,7 +101,7 @@ impl EngineClient {
     }
 }
 
-impl Engine for EngineClient {
+impl ServingEngine for EngineClient {
     type Request = RequestHandle;
 
     async fn admit(&self, sequences: usize, client: &ClientKey) -> Result<Vec<Admitted>, ApiError> {
@@ -196,11 +197,11 @@ impl Engine for EngineClient {
                     "ready": w.hello.as_ref().is_some_and(|h| h.ready),
                     "token_processor_takes_its_batches": w.worker_id().is_some_and(|id| tp.takes_batches_of(id)),
                     "running_and_waiting": w.reported_load,
-                    "retained_unacknowledged": w.retained.0,
-                    "retained_bytes": w.retained.1,
-                    "retained_dropped_total": w.retained.2,
-                    "token_processor_acknowledges": w.tp_link.0,
-                    "step_batches_unacknowledged": w.tp_link.1,
+                    "retained_unacknowledged": w.retained.unacknowledged,
+                    "retained_bytes": w.retained.bytes,
+                    "retained_dropped_total": w.retained.dropped_total,
+                    "token_processor_acknowledges": w.tp_link.acknowledges,
+                    "step_batches_unacknowledged": w.tp_link.batches_unacknowledged,
                 })
             })
             .collect();

@@ -3,7 +3,7 @@
 //! ([`peers`]), in-flight requests and their output channels ([`registry`]), and the handle a
 //! route holds for one engine request ([`client`]), and the bound on sequences in flight
 //! ([`admission`]). Imports go one way: client → links → shared → peers, registry, admission.
-//! The routes see only the [`Engine`] trait, so their tests can run on an in-process fake.
+//! The routes see only the [`ServingEngine`] trait, so their tests can run on an in-process fake.
 
 pub mod admission;
 pub mod client;
@@ -21,7 +21,7 @@ use link::Liveness;
 use admission::{AdmissionBound, Admitted, ClientKey};
 
 use proto::api_worker::{RejectReason, SamplingParams, StopConditions};
-use proto::tp_api::Usage as EngineUsage;
+use proto::tp_api::TokenCounts;
 use proto::{FinishReason, SpeculateMetrics};
 
 use crate::error::ApiError;
@@ -30,7 +30,7 @@ pub use client::{EngineClient, RequestHandle};
 
 /// What the routes need of an engine. [`EngineClient`] is the real one; route tests use an
 /// in-process fake. Both calls that wait return `Send` futures, so handlers stay `Send`.
-pub trait Engine: Clone + Send + Sync + 'static {
+pub trait ServingEngine: Clone + Send + Sync + 'static {
     type Request: EngineRequest;
 
     /// Admits one request of `sequences` engine sequences (its choices) from `client` under the
@@ -81,7 +81,7 @@ pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(250);
 
 /// How this api-server reaches its engine.
 #[derive(Debug, Clone)]
-pub struct EngineConfig {
+pub struct EngineClientConfig {
     pub worker_endpoints: Vec<String>,
     pub tp_endpoint: String,
     pub api_server_id: String,
@@ -108,7 +108,7 @@ pub struct EngineConfig {
     pub tp_outage_window: Duration,
 }
 
-impl EngineConfig {
+impl EngineClientConfig {
     pub fn new(worker_endpoints: Vec<String>, tp_endpoint: String, api_server_id: String) -> Self {
         Self {
             worker_endpoints,
@@ -131,7 +131,7 @@ impl EngineConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
     pub reason: FinishReason,
-    pub usage: Option<EngineUsage>,
+    pub usage: Option<TokenCounts>,
     pub speculate_metrics: Option<SpeculateMetrics>,
 }
 

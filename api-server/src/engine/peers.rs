@@ -10,6 +10,24 @@ use link::{Liveness, PeerClock};
 use proto::tp_api::TpHello;
 use proto::worker_tp::{Heartbeat, WorkerHello};
 
+/// A worker's finished requests kept until their owner acknowledges them (its heartbeat).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetainedOutputs {
+    pub unacknowledged: u32,
+    pub bytes: u64,
+    /// Dropped since the worker started, over its retention bounds.
+    pub dropped_total: u64,
+}
+
+/// A worker's link to the token-processor, as its heartbeat reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerTpLink {
+    /// The token-processor acknowledged its step batches within the window.
+    pub acknowledges: bool,
+    /// Step batches sent but not yet acknowledged.
+    pub batches_unacknowledged: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct WorkerPeer {
     pub endpoint: String,
@@ -20,12 +38,10 @@ pub struct WorkerPeer {
     pub accepting: bool,
     /// running + waiting from the last heartbeat (all api-servers' requests).
     pub reported_load: u32,
-    /// Finished requests the worker keeps until acknowledged: (count, bytes, dropped since
-    /// start), from its last heartbeat.
-    pub retained: (u32, u64, u64),
-    /// The worker's link to the token-processor, from its last heartbeat: acknowledged within
-    /// its window, and the step batches sent but not yet acknowledged.
-    pub tp_link: (bool, u64),
+    /// Finished requests the worker keeps until acknowledged, from its last heartbeat.
+    pub retained: RetainedOutputs,
+    /// The worker's link to the token-processor, from its last heartbeat.
+    pub tp_link: WorkerTpLink,
     /// Why the worker refused our hello, or why we refused its (until the next hello).
     pub refused: Option<String>,
 }
@@ -39,8 +55,8 @@ impl WorkerPeer {
             clock: PeerClock::default(),
             accepting: false,
             reported_load: 0,
-            retained: (0, 0, 0),
-            tp_link: (false, 0),
+            retained: RetainedOutputs::default(),
+            tp_link: WorkerTpLink::default(),
             refused: None,
         }
     }
@@ -104,8 +120,15 @@ impl WorkerPeer {
         if heard == Heard::Known {
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
-            self.retained = (hb.retained, hb.retained_bytes, hb.retained_evicted);
-            self.tp_link = (hb.tp_link_up, hb.next_seq.saturating_sub(hb.tp_acked_seq));
+            self.retained = RetainedOutputs {
+                unacknowledged: hb.retained,
+                bytes: hb.retained_bytes,
+                dropped_total: hb.retained_evicted,
+            };
+            self.tp_link = WorkerTpLink {
+                acknowledges: hb.tp_link_up,
+                batches_unacknowledged: hb.next_seq.saturating_sub(hb.tp_acked_seq),
+            };
         }
         heard
     }

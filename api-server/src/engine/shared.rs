@@ -18,7 +18,7 @@ use super::admission::{capacity, Admission, Capacity, WorkerCapacity};
 use super::ids::IdAllocator;
 use super::peers::{servable, TpPeer, WorkerPeer};
 use super::registry::{Dispatch, Registry};
-use super::{EngineConfig, EngineFailure};
+use super::{EngineClientConfig, EngineFailure};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves consistent data (no multi-step updates
@@ -44,7 +44,7 @@ impl From<Heard> for Reply {
 }
 
 pub(crate) struct Shared {
-    pub config: EngineConfig,
+    pub config: EngineClientConfig,
     /// Changes on every process start.
     pub epoch: u64,
     pub ids: IdAllocator,
@@ -63,9 +63,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: EngineConfig, worker_tx: Vec<mpsc::Sender<ApiToWorker>>) -> Self {
+    pub fn new(config: EngineClientConfig, worker_tx: Vec<mpsc::Sender<ApiToWorker>>) -> Self {
         Self {
-            epoch: rand::random::<u64>() >> 1,
+            epoch: link::identity::new_epoch(),
             ids: IdAllocator::random(),
             registry: Mutex::new(Registry::new(
                 config.worker_endpoints.len(),
@@ -174,8 +174,9 @@ impl Shared {
                 if let Some((other, _)) = holder {
                     tracing::error!(worker, other, worker_id = %hello.worker_id, "engine-worker refused: another live engine-worker holds this id");
                     let reason = format!(
-                        "engine-worker id {} is held by the worker at {}; give each worker its own --worker-id",
-                        hello.worker_id, workers[other].endpoint
+                        "{} (the live one is at {})",
+                        link::peers::duplicate_id_reason("worker", &hello.worker_id, "worker-id"),
+                        workers[other].endpoint
                     );
                     workers[worker].on_refused(reason);
                     return Reply::Nothing;

@@ -17,7 +17,7 @@ use super::AppState;
 use crate::body::{read_json, Parsed};
 use crate::client_key::ClientSocket;
 use crate::engine::admission::ClientKey;
-use crate::engine::Engine;
+use crate::engine::ServingEngine;
 use crate::error::ApiError;
 use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, Lane};
 use crate::model::ModelAssets;
@@ -60,7 +60,7 @@ pub trait Flavour: Send + Sync + 'static {
 }
 
 /// The handler of a generation route; the router names its [`Flavour`].
-pub async fn handle<E: Engine, F: Flavour>(
+pub async fn handle<E: ServingEngine, F: Flavour>(
     State(state): State<AppState<E>>,
     client: ClientKey,
     ClientSocket(socket): ClientSocket,
@@ -119,7 +119,7 @@ struct Head {
 }
 
 /// Runs every choice to its end and answers with all of them.
-async fn answer_whole<F: Flavour, E: Engine>(
+async fn answer_whole<F: Flavour, E: ServingEngine>(
     lanes: Vec<Lane<E>>,
     head: Head,
     n: u32,

@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::AppState;
-use crate::engine::Engine;
+use crate::engine::ServingEngine;
 use crate::error::ApiError;
 
-pub async fn handle<E: Engine>(State(state): State<AppState<E>>) -> Response {
+pub async fn handle<E: ServingEngine>(State(state): State<AppState<E>>) -> Response {
     match state.engine.readiness() {
         Ok(()) => {
             let mut body = state.engine.status();

@@ -17,7 +17,7 @@ use axum::Router;
 
 use crate::auth::{require_api_key, ApiKey};
 use crate::body::BodyLimits;
-use crate::engine::{Engine, EngineClient};
+use crate::engine::{EngineClient, ServingEngine};
 use crate::error::ApiError;
 use crate::memory::{track_activity, IdleTrim};
 use crate::model::ModelAssets;
@@ -53,7 +53,7 @@ pub struct AppState<E = EngineClient> {
     pub request_classes: Arc<RequestClasses>,
 }
 
-impl<E: Engine> AppState<E> {
+impl<E: ServingEngine> AppState<E> {
     /// The caps a request is checked against now: the context length is the workers' (what
     /// the worker a request lands on accepts), never above the configured one.
     pub fn limits(&self) -> Limits {
@@ -82,7 +82,7 @@ async fn method_not_allowed(request: Request) -> axum::response::Response {
 }
 
 /// The api-server's router.
-pub fn router<E: Engine>(state: AppState<E>, api_key: ApiKey) -> Router {
+pub fn router<E: ServingEngine>(state: AppState<E>, api_key: ApiKey) -> Router {
     let generation = Router::new()
         .route(
             "/v1/completions",

@@ -4,10 +4,10 @@ use axum::extract::State;
 use axum::Json;
 
 use super::AppState;
-use crate::engine::Engine;
+use crate::engine::ServingEngine;
 use crate::openai::responses::{ModelCard, ModelList};
 
-pub async fn handle<E: Engine>(State(state): State<AppState<E>>) -> Json<ModelList> {
+pub async fn handle<E: ServingEngine>(State(state): State<AppState<E>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
         data: vec![ModelCard {

@@ -8,14 +8,14 @@ use axum::Json;
 
 use super::AppState;
 use crate::body::{read_json, Parsed};
-use crate::engine::Engine;
+use crate::engine::ServingEngine;
 use crate::error::ApiError;
 use crate::model::ModelAssets;
 use crate::openai::requests::{DetokenizeRequest, TokenizeRequest};
 use crate::openai::responses::{DetokenizeResponse, TokenizeResponse};
 use crate::openai::validate::{check_model, refuse_unknown, render_chat, token_ids, Limits};
 
-pub async fn tokenize<E: Engine>(
+pub async fn tokenize<E: ServingEngine>(
     State(state): State<AppState<E>>,
     headers: HeaderMap,
     body: Body,
@@ -85,7 +85,7 @@ fn tokenize_request(
     })
 }
 
-pub async fn detokenize<E: Engine>(
+pub async fn detokenize<E: ServingEngine>(
     State(state): State<AppState<E>>,
     headers: HeaderMap,
     body: Body,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api_server::auth::ApiKey;
 use api_server::engine::admission::{Admission, AdmissionBound, Admitted, Capacity, ClientKey};
-use api_server::engine::{Engine, EngineEvent, EngineRequest, SubmitRequest};
+use api_server::engine::{EngineEvent, EngineRequest, ServingEngine, SubmitRequest};
 use api_server::error::ApiError;
 use api_server::routes::router;
 
@@ -74,7 +74,7 @@ impl ScriptedEngine {
     }
 }
 
-impl Engine for ScriptedEngine {
+impl ServingEngine for ScriptedEngine {
     type Request = ScriptedRequest;
 
     async fn admit(&self, sequences: usize, client: &ClientKey) -> Result<Vec<Admitted>, ApiError> {

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api_server::auth::ApiKey;
-use api_server::engine::{EngineClient, EngineConfig};
+use api_server::engine::{EngineClient, EngineClientConfig};
 use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
 use api_server::routes::{router, AppState};
 use proto::api_worker::{AddRequest, ApiToWorker, WorkerToApi};
-use proto::tp_api::{ApiToTp, RequestOutput, TpHello, TpToApi, Usage};
+use proto::tp_api::{ApiToTp, RequestOutput, TokenCounts, TpHello, TpToApi};
 use proto::worker_tp::{Heartbeat, WorkerHello};
 use proto::{FinishReason, RequestId, SpeculateMetrics};
 use tokio::sync::mpsc;
@@ -82,8 +82,8 @@ pub fn state<E>(engine: E, timeout: Duration) -> AppState<E> {
     }
 }
 
-pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> EngineConfig {
-    let mut cfg = EngineConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
+pub fn engine_config(worker_endpoints: Vec<String>, tp_endpoint: String) -> EngineClientConfig {
+    let mut cfg = EngineClientConfig::new(worker_endpoints, tp_endpoint, "api-test".into());
     cfg.liveness = link::Liveness::new(INTERVAL);
     cfg.stall_timeout = STALL_TIMEOUT;
     cfg.tp_outage_window = TP_OUTAGE_WINDOW;
@@ -349,7 +349,7 @@ async fn generate(
 ) {
     let metrics = |n: u64| (num_spec_tokens > 0).then(|| Box::new(fake_metrics(n)));
     let usage = |n: usize| {
-        Some(Usage {
+        Some(TokenCounts {
             prompt_tokens: add.prompt_token_ids.len() as u32,
             // As if the worker's prefix cache held a third of the prompt.
             cached_prompt_tokens: add.prompt_token_ids.len() as u32 / 3,

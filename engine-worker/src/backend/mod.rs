@@ -10,7 +10,7 @@ mod verify;
 pub use verify::{check_choices, forward_then_verify_on_host, verify_on_host, TokenChoice};
 
 use crate::model::ModelConfig;
-use crate::spec::Verdict;
+use crate::spec::Verification;
 use crate::EngineError;
 
 /// Which positions of a sequence's chunk need logits.
@@ -95,7 +95,7 @@ pub trait Backend: Send {
         &mut self,
         seqs: &[SeqForward<'_>],
         choices: &[TokenChoice<'_>],
-    ) -> Result<Vec<Verdict>, EngineError> {
+    ) -> Result<Vec<Verification>, EngineError> {
         forward_then_verify_on_host(self, seqs, choices)
     }
 
@@ -144,7 +144,7 @@ impl Backend for Box<dyn Backend> {
         &mut self,
         seqs: &[SeqForward<'_>],
         choices: &[TokenChoice<'_>],
-    ) -> Result<Vec<Verdict>, EngineError> {
+    ) -> Result<Vec<Verification>, EngineError> {
         (**self).forward_and_verify(seqs, choices)
     }
     fn forward_first_layers(

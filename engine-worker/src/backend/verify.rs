@@ -6,7 +6,7 @@ use proto::api_worker::SamplingParams;
 
 use super::SeqForward;
 use crate::sampling::History;
-use crate::spec::{verify_masked, Verdict};
+use crate::spec::{verify_masked, Verification};
 use crate::EngineError;
 use grammar::Mask;
 
@@ -43,7 +43,7 @@ pub fn verify_on_host(
     vocab: usize,
     seqs: &[SeqForward<'_>],
     choices: &[TokenChoice<'_>],
-) -> Result<Vec<Verdict>, EngineError> {
+) -> Result<Vec<Verification>, EngineError> {
     check_choices(seqs, choices)?;
     let expected = seqs.iter().map(SeqForward::logit_rows).sum::<usize>() * vocab;
     if logits.len() != expected {
@@ -81,7 +81,7 @@ pub fn forward_then_verify_on_host<B: super::Backend + ?Sized>(
     backend: &mut B,
     seqs: &[SeqForward<'_>],
     choices: &[TokenChoice<'_>],
-) -> Result<Vec<Verdict>, EngineError> {
+) -> Result<Vec<Verification>, EngineError> {
     check_choices(seqs, choices)?;
     let logits = backend.forward(seqs)?;
     verify_on_host(&logits, backend.config().vocab_size, seqs, choices)
@@ -133,7 +133,10 @@ mod tests {
         let verdicts = verify_on_host(&logits, vocab, &seqs, &[choice, choice]).unwrap();
         assert_eq!(
             verdicts,
-            vec![Verdict::new(0, 0, vec![2]), Verdict::new(2, 1, vec![3, 1]),]
+            vec![
+                Verification::new(0, 0, vec![2]),
+                Verification::new(2, 1, vec![3, 1]),
+            ]
         );
         assert!(verify_on_host(&logits[..8], vocab, &seqs, &[choice, choice]).is_err());
         assert!(verify_on_host(&logits, vocab, &seqs, &[choice]).is_err());

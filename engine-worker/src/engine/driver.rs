@@ -17,7 +17,7 @@ use crate::sampling::History;
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
     DraftCandidate, DraftJob, DraftPlanner, DraftSource, ModelDrafter, NgramProposer, Proposer,
-    RequestAcceptance, StepCost, SuffixProposer, Verdict,
+    RequestAcceptance, StepCost, SuffixProposer, Verification,
 };
 use proto::worker_tp::KvBlocks;
 use vocab::TokenBytes;
@@ -42,7 +42,7 @@ const MODEL_DRAFT_STRENGTH: usize = 1;
 /// proposer's match its drafts came from was.
 struct RowVerdict {
     strength: usize,
-    verdict: Verdict,
+    verdict: Verification,
     /// What the drafting policy saw and predicted of this row's draft.
     policy: RowPolicy,
 }
@@ -728,7 +728,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut finished = Vec::new();
         for (seq, v) in self.scheduler.running_mut().iter_mut().zip(verdicts) {
-            let Verdict {
+            let Verification {
                 drafted,
                 accepted,
                 tokens,

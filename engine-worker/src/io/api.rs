@@ -5,7 +5,6 @@
 //! secret, nothing from a connection reaches the protocol before it proved the secret
 //! (`link::auth::Gate`).
 
-use std::collections::HashMap;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use link::auth::{Gate, Verdict};
 use link::liveness::Heard;
-use link::{Liveness, Sweep, Sweeper};
+use link::peers::{HelloOutcome, PeerTable};
+use link::Liveness;
 use proto::api_worker::{AddRequest, ApiHello, ApiToWorker, RejectReason, WorkerToApi};
 use proto::RequestId;
 use tokio::sync::mpsc::Receiver;
@@ -37,12 +37,6 @@ pub struct ApiLinkSettings {
     pub heartbeat_interval: Duration,
     /// What a connection must prove before its frames are read (`link::auth`).
     pub gate: Gate,
-}
-
-struct ApiPeer {
-    routing_id: Bytes,
-    epoch: u64,
-    last_seen: Instant,
 }
 
 /// Binds the ROUTER; call before loading the model so peers get a not-ready hello meanwhile.
@@ -83,14 +77,12 @@ pub async fn run_api_link(
     let liveness = Liveness::new(link.heartbeat_interval);
     let mut api = ApiLink {
         socket,
-        peers: HashMap::new(),
-        liveness,
+        peers: PeerTable::new(liveness, MAX_API_SERVERS, "api-server", "api-server-id"),
         status,
         commands,
         gate: link.gate,
         announced_ready: false,
     };
-    let mut sweeper = Sweeper::new(liveness);
     let mut heartbeat = tokio::time::interval(link.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The step loop drops its sender when it ends, while draining, before the link is told to
@@ -115,7 +107,7 @@ pub async fn run_api_link(
                     send(&mut api.socket, peer.routing_id.clone(), &out.msg).await;
                 }
             }
-            _ = heartbeat.tick() => api.on_tick(&mut sweeper).await,
+            _ = heartbeat.tick() => api.on_tick().await,
             _ = shutdown.changed() => {
                 if *shutdown.borrow() {
                     // A last heartbeat tells the api-servers we no longer accept.
@@ -133,8 +125,8 @@ pub async fn run_api_link(
 /// commands go.
 struct ApiLink {
     socket: RouterSendHalf,
-    peers: HashMap<String, ApiPeer>,
-    liveness: Liveness,
+    /// The api-servers that said hello (their requests' owners); nothing else is kept per peer.
+    peers: PeerTable<()>,
     status: Arc<WorkerStatus>,
     commands: SyncSender<EngineCommand>,
     gate: Gate,
@@ -211,11 +203,7 @@ impl ApiLink {
     /// its hello, and what it sent acts for no one (requests belong to the connection of their
     /// owner's hello, so no other local process can end or feed them).
     async fn sender(&mut self, routing_id: &Bytes) -> Option<String> {
-        let owner = self
-            .peers
-            .iter()
-            .find(|(_, p)| p.routing_id == *routing_id)
-            .map(|(name, _)| name.clone());
+        let owner = self.peers.sender(routing_id).map(str::to_owned);
         if owner.is_none() {
             send(&mut self.socket, routing_id.clone(), &WorkerToApi::AskHello).await;
         }
@@ -227,62 +215,45 @@ impl ApiLink {
             tracing::warn!(error = %err, "api-server hello refused");
             return;
         }
-        if let Some(old) = self.peers.get(&hello.api_server_id) {
-            let now = Instant::now();
-            if old.epoch != hello.epoch && !self.liveness.is_silent(old.last_seen, now) {
+        let name = hello.api_server_id;
+        match self.peers.hello(
+            &name,
+            hello.epoch,
+            routing_id.clone(),
+            Instant::now(),
+            || (),
+        ) {
+            HelloOutcome::Admitted | HelloOutcome::Reconnected => {}
+            HelloOutcome::Restarted { .. } => {
+                // Its old requests have no one to report to.
+                push_command(&self.commands, EngineCommand::AbortOwner(name.clone())).await;
+            }
+            HelloOutcome::Refused { reason } => {
                 // Another process with a live api-server's id would take its outputs.
-                tracing::error!(api_server = %hello.api_server_id, "hello refused: another live api-server holds this id");
-                let reason = format!(
-                    "api-server id {} is held by another live api-server; give each api-server its own --api-server-id",
-                    hello.api_server_id
-                );
-                send(
-                    &mut self.socket,
-                    routing_id,
-                    &WorkerToApi::Refused { reason },
-                )
-                .await;
+                tracing::error!(api_server = %name, "hello refused: another live api-server holds this id");
+                let refused = WorkerToApi::Refused { reason };
+                return send(&mut self.socket, routing_id, &refused).await;
+            }
+            HelloOutcome::Full => {
+                tracing::warn!("too many api-servers; hello ignored");
                 return;
             }
-            if old.epoch != hello.epoch {
-                // Restarted: its old requests have no one to report to.
-                let abort = EngineCommand::AbortOwner(hello.api_server_id.clone());
-                push_command(&self.commands, abort).await;
-            }
-        } else if self.peers.len() >= MAX_API_SERVERS {
-            tracing::warn!("too many api-servers; hello ignored");
-            return;
         }
-        tracing::info!(api_server = %hello.api_server_id, "api-server said hello");
-        self.peers.insert(
-            hello.api_server_id,
-            ApiPeer {
-                routing_id: routing_id.clone(),
-                epoch: hello.epoch,
-                last_seen: Instant::now(),
-            },
-        );
+        tracing::info!(api_server = %name, "api-server said hello");
         let reply = WorkerToApi::Hello(self.status.hello_for_api());
         send(&mut self.socket, routing_id, &reply).await;
     }
 
     async fn on_heartbeat(&mut self, routing_id: Bytes, api_server_id: String, epoch: u64) {
-        let peer = self
-            .peers
-            .get_mut(&api_server_id)
-            .filter(|p| p.epoch == epoch);
         // Only its own connection keeps it alive: after a reconnect its hello moves it.
-        let peer = peer.filter(|p| p.routing_id == routing_id);
-        match (Heard::of(peer.is_some()), peer) {
-            (Heard::Known, Some(peer)) => {
-                peer.last_seen = Instant::now();
-            }
-            _ => {
-                // Unknown, forgotten, or another epoch (we or it restarted): its hello tells us
-                // who it is and whose requests are gone.
-                tracing::info!(api_server = %api_server_id, "heartbeat from an api-server we do not know; asking for its hello");
-                send(&mut self.socket, routing_id, &WorkerToApi::AskHello).await;
-            }
+        let heard = self
+            .peers
+            .heard(&api_server_id, epoch, &routing_id, Instant::now());
+        if heard == Heard::AskHello {
+            // Unknown, forgotten, or another epoch (we or it restarted): its hello tells us
+            // who it is and whose requests are gone.
+            tracing::info!(api_server = %api_server_id, "heartbeat from an api-server we do not know; asking for its hello");
+            send(&mut self.socket, routing_id, &WorkerToApi::AskHello).await;
         }
     }
 
@@ -327,22 +298,8 @@ impl ApiLink {
     }
 
     /// Drops the api-servers silent past the window (aborting their requests), then beats.
-    async fn on_tick(&mut self, sweeper: &mut Sweeper) {
-        let now = Instant::now();
-        let dead: Vec<String> = match sweeper.begin(now) {
-            Sweep::Judge => self
-                .peers
-                .iter()
-                .filter(|(_, p)| self.liveness.is_silent(p.last_seen, now))
-                .map(|(id, _)| id.clone())
-                .collect(),
-            Sweep::Forgive { .. } => {
-                self.peers.values_mut().for_each(|p| p.last_seen = now);
-                Vec::new()
-            }
-        };
-        for id in dead {
-            self.peers.remove(&id);
+    async fn on_tick(&mut self) {
+        for (id, _) in self.peers.sweep(Instant::now()) {
             tracing::warn!(api_server = %id, "api-server missed its heartbeats; aborting its requests");
             push_command(&self.commands, EngineCommand::AbortOwner(id)).await;
         }
@@ -356,7 +313,7 @@ impl ApiLink {
     }
 
     async fn send_all(&mut self, msg: &WorkerToApi) {
-        for peer in self.peers.values() {
+        for (_, peer) in self.peers.iter() {
             send(&mut self.socket, peer.routing_id.clone(), msg).await;
         }
     }

@@ -176,9 +176,17 @@ impl OverdueAcks {
     }
 }
 
-/// How long the step loop may go without a turn before the worker gives up on it (a turn takes
-/// one step, or 20 ms when idle).
-pub const STEP_LOOP_STALL: Duration = Duration::from_secs(10);
+/// How long the step loop may go without a turn before the worker gives up on it: a turn takes
+/// one step, or 20 ms when idle, and one step may hold up to `max_num_batched_tokens` prompt
+/// tokens. The bound grows with that budget: a flat 10 s killed a worker whose 2,048-token
+/// prefill step took longer on a loaded 2-core machine (docs/faults.md). 10 ms a token is ten
+/// times the slowest prefill measured (1,027 tok/s on 2 threads, docs/benchmarks.md), so only a
+/// step loop that really stopped is reported: 30.5 s at the default budget.
+pub fn step_loop_stall(max_num_batched_tokens: usize) -> Duration {
+    const FLOOR: Duration = Duration::from_secs(10);
+    const PER_BATCHED_TOKEN: Duration = Duration::from_millis(10);
+    FLOOR + PER_BATCHED_TOKEN * u32::try_from(max_num_batched_tokens).unwrap_or(u32::MAX)
+}
 
 /// Resolves when the step-loop thread ended (a panic: it returns on its own only after a drain,
 /// which the process starts only once it stops watching) or stopped turning for `stall`; says
@@ -287,6 +295,14 @@ mod tests {
         let s = WorkerStatus::new("w".into(), 1, "m".into(), 4, "ngram".into(), 100);
         s.set_ready("m".into(), 2048, 32_768, 16);
         s
+    }
+
+    #[test]
+    fn the_stall_bound_covers_the_longest_step_the_budget_allows() {
+        assert_eq!(step_loop_stall(0), Duration::from_secs(10));
+        assert_eq!(step_loop_stall(2048), Duration::from_millis(30_480));
+        // A budget past u32 does not overflow the bound.
+        assert!(step_loop_stall(usize::MAX) > Duration::from_secs(1_000_000));
     }
 
     #[tokio::test]

@@ -27,4 +27,4 @@ pub use planner::DraftPlanner;
 pub use policy::{DraftCandidate, SpecPolicy};
 pub use proposer::{Proposer, SeqKey};
 pub use suffix::{SuffixConfig, SuffixProposer};
-pub use verifier::{verify, verify_masked, Verdict};
+pub use verifier::{verify, verify_masked, Verification};

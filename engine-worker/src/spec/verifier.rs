@@ -24,7 +24,7 @@ use crate::sampling::{
 
 /// The verifier's decision for one sequence and step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub struct Verification {
     /// Drafts verified.
     pub drafted: usize,
     /// Drafts accepted (the longest valid prefix).
@@ -36,7 +36,7 @@ pub struct Verdict {
     pub logprobs: Vec<TokenLogprob>,
 }
 
-impl Verdict {
+impl Verification {
     /// A verdict without logprobs.
     pub fn new(drafted: usize, accepted: usize, tokens: Vec<u32>) -> Self {
         Self {
@@ -62,7 +62,7 @@ pub fn verify(
     seed: u64,
     first_position: usize,
     history: &History<'_>,
-) -> Verdict {
+) -> Verification {
     verify_masked(
         logits,
         vocab,
@@ -89,7 +89,7 @@ pub fn verify_masked(
     first_position: usize,
     history: &History<'_>,
     masks: &[Mask],
-) -> Verdict {
+) -> Verification {
     debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
     let mut processing = Processing::new(&params.processors, history);
     let mut processed = Vec::new();
@@ -125,7 +125,7 @@ pub fn verify_masked(
         }
         if drafts.get(i) != Some(&target) {
             // Row `drafts.len()` has no draft: its token is the step's own.
-            return Verdict {
+            return Verification {
                 drafted: drafts.len(),
                 accepted: i,
                 tokens,
@@ -158,11 +158,11 @@ mod tests {
     fn greedy_accepts_the_matching_prefix_then_corrects() {
         let logits = one_hot_rows(&[3, 1, 4, 1], 8);
         let v = verify(&logits, 8, &[3, 1, 5], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(v, Verdict::new(3, 2, vec![3, 1, 4]));
+        assert_eq!(v, Verification::new(3, 2, vec![3, 1, 4]));
         let v = verify(&logits, 8, &[3, 1, 4], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(v, Verdict::new(3, 3, vec![3, 1, 4, 1]));
+        assert_eq!(v, Verification::new(3, 3, vec![3, 1, 4, 1]));
         let v = verify(&logits[..8], 8, &[], &GREEDY, 0, 0, &History::EMPTY);
-        assert_eq!(v, Verdict::new(0, 0, vec![3]));
+        assert_eq!(v, Verification::new(0, 0, vec![3]));
     }
 
     #[test]
@@ -179,9 +179,9 @@ mod tests {
         };
         let logits = one_hot_rows(&[3, 1], 8);
         let v = verify(&logits, 8, &[3], &params, 5, 0, &History::EMPTY);
-        assert_eq!(v, Verdict::new(1, 1, vec![3, 1]));
+        assert_eq!(v, Verification::new(1, 1, vec![3, 1]));
         let v = verify(&logits, 8, &[2], &params, 5, 0, &History::EMPTY);
-        assert_eq!(v, Verdict::new(1, 0, vec![3]));
+        assert_eq!(v, Verification::new(1, 0, vec![3]));
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //!   that was itself paused forgives its peers' silence instead of declaring them dead.
 //! - [`backoff`] and [`connect`]: the reconnect loop (the `zeromq` crate reconnects only SUB
 //!   sockets, so every DEALER link owns one), with one backoff policy.
-//! - [`identity`]: default process ids, unique per host and stable across restarts.
+//! - [`peers`]: the table of peers that say hello to a ROUTER: admitted, reconnected, restarted
+//!   or refused (one text for a duplicate id), the connection that acts for each, and the dead
+//!   at each sweep.
+//! - [`identity`]: default process ids, unique per host and stable across restarts, and each
+//!   process start's epoch.
 //! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
 //! - [`auth`]: the shared-secret proof that endpoints reachable from other hosts require.
 //! - [`service`]: tracing setup, SIGTERM/SIGINT, and systemd's notify socket and watchdog.
@@ -24,6 +28,7 @@ pub mod http;
 pub mod identity;
 pub mod ipc;
 pub mod liveness;
+pub mod peers;
 pub mod service;
 
 pub use backoff::Backoff;

@@ -270,7 +270,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             first_index: 20,
             tokens: vec![2],
             finish: Some(FinishReason::Stop),
-            usage: Some(Usage {
+            usage: Some(TokenCounts {
                 prompt_tokens: 12,
                 cached_prompt_tokens: 0,
                 completion_tokens: 21,
@@ -285,7 +285,7 @@ pub fn outputs() -> Vec<RequestOutput> {
             first_index: 0,
             tokens: vec![],
             finish: Some(FinishReason::Error),
-            usage: Some(Usage {
+            usage: Some(TokenCounts {
                 prompt_tokens: 5,
                 cached_prompt_tokens: 0,
                 completion_tokens: 0,

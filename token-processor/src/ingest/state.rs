@@ -351,10 +351,8 @@ impl Ingest {
                 tracing::error!(worker = %hello.worker_id, live_epoch = entry.hello.epoch, refused_epoch = hello.epoch, "hello refused: another live worker holds this id");
                 self.stats.duplicate_ids += 1;
                 metrics::duplicate_id_refused();
-                let reason = format!(
-                    "worker id {} is held by another live worker; give each worker its own --worker-id",
-                    hello.worker_id
-                );
+                let reason =
+                    link::peers::duplicate_id_reason("worker", &hello.worker_id, "worker-id");
                 return refused(&mut self.stats, reason);
             }
             tracing::warn!(worker = %hello.worker_id, old_epoch = entry.hello.epoch, new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");

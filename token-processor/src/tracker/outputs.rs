@@ -1,7 +1,7 @@
 //! One api-server's outputs of one or more batches, kept flat, and their `TpToApi::Outputs`
 //! frame written directly from that layout.
 
-use proto::tp_api::{OutputError, RequestOutput, Usage};
+use proto::tp_api::{OutputError, RequestOutput, TokenCounts};
 use proto::{FinishReason, RequestId, SpeculateMetrics, TokenLogprob};
 
 /// The outputs for one api-server, flat: one token array and one small row per output, so a
@@ -37,7 +37,7 @@ struct OutLogprobs {
 #[derive(Debug, Clone, PartialEq)]
 struct OutputTail {
     finish: Option<FinishReason>,
-    usage: Option<Usage>,
+    usage: Option<TokenCounts>,
     speculate_metrics: Option<Box<SpeculateMetrics>>,
     error: Option<OutputError>,
 }
@@ -296,7 +296,7 @@ mod tests {
                 let mut figures = Figures::new(4);
                 figures.record(4, (rng.next_u64() % 5) as u8);
                 output.finish = Some(FinishReason::Stop);
-                output.usage = Some(Usage {
+                output.usage = Some(TokenCounts {
                     prompt_tokens: 7,
                     cached_prompt_tokens: 0,
                     completion_tokens: n as u32,

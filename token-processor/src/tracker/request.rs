@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use proto::tp_api::{OutputError, OutputErrorKind, RequestOutput, Usage};
+use proto::tp_api::{OutputError, OutputErrorKind, RequestOutput, TokenCounts};
 use proto::worker_tp::{RequestStart, ResyncRequest};
 use proto::{FinishReason, RequestId};
 
@@ -104,7 +104,7 @@ impl RequestState {
         speculating: bool,
     ) {
         output.finish = Some(finish);
-        output.usage = Some(Usage {
+        output.usage = Some(TokenCounts {
             prompt_tokens: self.prompt.total,
             cached_prompt_tokens: self.prompt.cached,
             completion_tokens: self.delivered,

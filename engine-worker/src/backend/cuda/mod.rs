@@ -43,7 +43,7 @@ use crate::backend::{
     check_choices, forward_then_verify_on_host, Backend, SeqForward, TokenChoice,
 };
 use crate::model::{ModelConfig, ModelWeights};
-use crate::spec::Verdict;
+use crate::spec::Verification;
 use crate::EngineError;
 
 /// How to set up the backend.
@@ -272,7 +272,7 @@ impl Backend for CudaBackend {
         &mut self,
         seqs: &[SeqForward<'_>],
         choices: &[TokenChoice<'_>],
-    ) -> Result<Vec<Verdict>, EngineError> {
+    ) -> Result<Vec<Verification>, EngineError> {
         check_choices(seqs, choices)?;
         // Penalties and bias need the host's processors; plain greedy rows are chosen on the GPU.
         if choices.iter().all(TokenChoice::is_plain_greedy) {

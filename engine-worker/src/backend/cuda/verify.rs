@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::weights::{alloc, driver_err};
 use super::CudaBackend;
 use crate::backend::SeqForward;
-use crate::spec::Verdict;
+use crate::spec::Verification;
 use crate::EngineError;
 
 /// Where a verify step's time went, measured when profiling is on (see
@@ -100,13 +100,13 @@ impl VerifyLayout {
     }
 
     /// Each sequence's verdict from the copied-back output.
-    fn verdicts(&self, out: &[u32], seqs: &[SeqForward<'_>]) -> Vec<Verdict> {
+    fn verdicts(&self, out: &[u32], seqs: &[SeqForward<'_>]) -> Vec<Verification> {
         (0..self.seqs)
             .map(|i| {
                 let accepted = out[self.o_acc + i] as usize;
                 let base = i * (self.max_drafts + 1);
                 // Only plain greedy choices run here: no logprobs to report.
-                Verdict::new(
+                Verification::new(
                     seqs[i].drafts().len(),
                     accepted,
                     out[base..base + accepted + 1].to_vec(),
@@ -137,7 +137,7 @@ impl CudaBackend {
     pub fn verify_on_device(
         &mut self,
         seqs: &[SeqForward<'_>],
-    ) -> Result<Vec<Verdict>, EngineError> {
+    ) -> Result<Vec<Verification>, EngineError> {
         let started = std::time::Instant::now();
         let rows = self.forward_on_device(seqs)?.rows;
         if self.profiling {
