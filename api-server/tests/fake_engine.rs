@@ -378,6 +378,61 @@ async fn worker_death_fails_in_flight_requests_with_503() {
     assert_eq!(r.status(), 503);
 }
 
+/// A worker that stops without closing its connection (SIGSTOP, a hung host) is declared dead
+/// by this api-server's own liveness rule: the fake token-processor keeps streaming the
+/// request's tokens and says nothing of the worker, so nothing else ends the request. Back, the
+/// fake worker says nothing until it hears a hello: the api-server sends one instead of a
+/// heartbeat while the worker is not alive for it, and on every reconnect (it reconnects a
+/// connection silent past the window).
+#[tokio::test]
+async fn a_silent_worker_is_declared_dead_then_taken_back_by_a_hello() {
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
+    let pending = tokio::spawn({
+        let base = base.clone();
+        async move {
+            post(
+                &base,
+                "/v1/completions",
+                json!({"prompt": "Hi", "max_tokens": 1000}),
+            )
+            .await
+        }
+    });
+    support::wait_until(support::SLACK, "request reached the worker", || async {
+        !engine.adds().is_empty()
+    })
+    .await;
+    engine.pause_worker();
+    let r = tokio::time::timeout(support::detection_bound(), pending)
+        .await
+        .expect("the request ends within the liveness window")
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "engine_unavailable");
+    assert!(v["error"]["message"].as_str().unwrap().contains("worker"));
+    assert_eq!(client.in_flight(), 0);
+    let health = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(health.status(), 503);
+    let health: Value = health.json().await.unwrap();
+    assert_eq!(health["engine"]["workers"][0]["alive"], false, "{health}");
+
+    engine.resume_worker();
+    support::wait_until(
+        support::detection_bound(),
+        "the worker taken back",
+        || async {
+            let health = reqwest::get(format!("{base}/health")).await.unwrap();
+            health.status() == 200
+        },
+    )
+    .await;
+    *engine.behaviour.lock().unwrap() = complete("Hello there", FinishReason::Stop);
+    let r = post(&base, "/v1/completions", json!({"prompt": "Hi"})).await;
+    assert_eq!(r.status(), 200);
+}
+
 #[tokio::test]
 async fn token_processor_gone_past_the_outage_window_ends_streams_with_an_error_event() {
     // The test client's outage window runs after the token-processor is declared dead.

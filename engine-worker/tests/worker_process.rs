@@ -2,8 +2,8 @@
 //! token-processor (ROUTER, acknowledging heartbeats) and an api-server (DEALER): readiness in
 //! the hello, a request served and reported in numbered step batches, refusal of a bad request,
 //! heartbeats while the model loads, a ready hello + resync after it, every batch acknowledged, a stalled link (acknowledgements stop)
-//! detected and resynced, abort of a silent api-server's requests, and a SIGTERM drain that ends
-//! with a goodbye and exit status 0.
+//! detected and resynced, abort of a silent api-server's requests, and a SIGTERM drain that says
+//! at once it takes no new requests and ends with a goodbye and exit status 0.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -111,7 +111,9 @@ async fn connect_api(endpoint: &str) -> Api {
                 }
                 out = out_rx.recv() => {
                     let Some(out) = out else { break };
-                    dealer.send(ZmqMessage::from(proto::encode(&out).unwrap())).await.unwrap();
+                    // Once the worker exited there is no one to send to; the caller waits
+                    // on what it expected to hear.
+                    let _ = dealer.send(ZmqMessage::from(proto::encode(&out).unwrap())).await;
                 }
             }
         }
@@ -408,13 +410,37 @@ async fn worker_serves_resyncs_aborts_and_drains() {
         }
     }
 
-    // SIGTERM: drain, goodbye, exit 0.
+    // Back from its silence, the api-server says hello again and is heard: the worker takes
+    // requests.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no hello back after the api-server's silence"
+        );
+        send_api(&mut dealer, &hello).await;
+        if let Some(WorkerToApi::Hello(_)) = recv_api(&mut dealer, Duration::from_millis(200)).await
+        {
+            break;
+        }
+    }
+    heartbeat_where("accepting", |hb| hb.accepting, &mut dealer, &heartbeat).await;
+
+    // SIGTERM: the api-server hears at once that the worker takes no new requests (so it routes
+    // none there), then drain, goodbye, exit 0.
     let pid = worker.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
+    heartbeat_where(
+        "not accepting (draining)",
+        |hb| !hb.accepting,
+        &mut dealer,
+        &heartbeat,
+    )
+    .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20) + SLACK;
     loop {
         assert!(

@@ -8,6 +8,7 @@ pub mod in_process;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -141,6 +142,8 @@ pub struct FakeEngine {
     pub record: Arc<Mutex<Record>>,
     pub behaviour: Arc<Mutex<Behaviour>>,
     pub num_spec_tokens: u32,
+    /// The worker hears nothing and says nothing, its connection open (a stopped process).
+    worker_silent: Arc<AtomicBool>,
     worker_task: JoinHandle<()>,
     tp_task: JoinHandle<()>,
 }
@@ -179,6 +182,7 @@ impl FakeEngine {
         let behaviour = Arc::new(Mutex::new(behaviour));
         let aborted = Arc::new(Mutex::new(HashSet::new()));
         let (add_tx, add_rx) = mpsc::channel(1024);
+        let worker_silent = Arc::new(AtomicBool::new(false));
 
         // Port 0: the system picks a free port at bind time (no race with other tests).
         let mut worker = RouterSocket::new();
@@ -193,6 +197,7 @@ impl FakeEngine {
             Arc::clone(&aborted),
             add_tx,
             num_spec_tokens,
+            Arc::clone(&worker_silent),
         ));
         let tp_task = tokio::spawn(run_tp(
             tp,
@@ -207,6 +212,7 @@ impl FakeEngine {
             record,
             behaviour,
             num_spec_tokens,
+            worker_silent,
             worker_task,
             tp_task,
         }
@@ -214,6 +220,16 @@ impl FakeEngine {
 
     pub fn kill_worker(&self) {
         self.worker_task.abort();
+    }
+
+    /// The worker stops, like a SIGSTOP: its connection stays open, it hears and says nothing.
+    pub fn pause_worker(&self) {
+        self.worker_silent.store(true, Ordering::SeqCst);
+    }
+
+    /// The paused worker runs again; it says nothing until it hears a hello.
+    pub fn resume_worker(&self) {
+        self.worker_silent.store(false, Ordering::SeqCst);
     }
 
     pub fn kill_tp(&self) {
@@ -251,6 +267,7 @@ async fn run_worker(
     aborted: Arc<Mutex<HashSet<RequestId>>>,
     add_tx: mpsc::Sender<AddRequest>,
     num_spec_tokens: u32,
+    silent: Arc<AtomicBool>,
 ) {
     let (mut tx, mut rx) = socket.split();
     let mut api: Option<bytes::Bytes> = None;
@@ -260,6 +277,10 @@ async fn run_worker(
                     msg = rx.recv() => {
                         let Ok(msg) = msg else { return };
                         let (Some(identity), Some(frame)) = (msg.get(0).cloned(), msg.get(1)) else { continue };
+                        if silent.load(Ordering::SeqCst) {
+                            api = None;
+                            continue;
+                        }
                         match proto::decode::<ApiToWorker>(frame).unwrap() {
                             ApiToWorker::Hello(_) => {
                                 let hello = WorkerToApi::Hello(WorkerHello {
@@ -316,6 +337,12 @@ async fn run_worker(
                         }
                     }
                     _ = tick.tick() => {
+                        if silent.load(Ordering::SeqCst) {
+                            // Back, it beats again only after a hello: only the api-server's
+                            // hello (not a heartbeat) can take it back.
+                            api = None;
+                            continue;
+                        }
                         if let Some(identity) = &api {
                             let hb = WorkerToApi::Heartbeat(Heartbeat::idle("fake-worker".into(), 7, 0));
                             let _ = tx.send(routed(identity, proto::encode(&hb).unwrap())).await;
