@@ -11,9 +11,10 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use link::auth::{Gate, Verdict};
+use link::auth::Gate;
 use link::liveness::Heard;
 use link::peers::{HelloOutcome, PeerTable};
+use link::router::Received;
 use link::Liveness;
 use proto::tp_api::{ApiToTp, TpHello, TpToApi};
 use tokio::sync::{mpsc, watch};
@@ -105,10 +106,7 @@ async fn receive_from_api_servers(
                 continue;
             }
         };
-        let (Some(routing_id), Some(payload)) = (msg.get(0), msg.get(1)) else {
-            continue;
-        };
-        let Some(from_api) = admit(&mut gate, routing_id, payload) else {
+        let Some(from_api) = admit(&mut gate, msg) else {
             continue;
         };
         if to_loop.send(from_api).await.is_err() {
@@ -119,24 +117,32 @@ async fn receive_from_api_servers(
 
 /// What one frame asks of the loop: a step of the link-secret exchange to answer, or a hello or
 /// heartbeat; None for a frame the gate drops or that is not a valid message.
-fn admit(gate: &mut Gate, routing_id: &Bytes, payload: &Bytes) -> Option<FromApi> {
-    match gate.check(routing_id, payload) {
-        Verdict::Pass => parse_api_message(routing_id, payload),
-        Verdict::Reply(reply) => Some(FromApi::Auth {
-            routing_id: routing_id.clone(),
-            reply,
-        }),
-        Verdict::Drop => None,
+fn admit(gate: &mut Gate, msg: ZmqMessage) -> Option<FromApi> {
+    match link::router::receive::<ApiToTp>(gate, msg) {
+        Received::Message { routing_id, msg } => from_api(routing_id, msg),
+        Received::Auth { routing_id, reply } => Some(FromApi::Auth { routing_id, reply }),
+        Received::BadFraming { parts } => {
+            tracing::warn!(
+                parts,
+                "dropping an api-server message with unexpected framing"
+            );
+            None
+        }
+        Received::Gated => None,
+        Received::Malformed { error, .. } => {
+            tracing::warn!(error = %error, "dropping malformed api-server frame");
+            None
+        }
     }
 }
 
-/// An admitted frame as a hello (of a protocol version we speak) or a heartbeat.
-fn parse_api_message(routing_id: &Bytes, payload: &[u8]) -> Option<FromApi> {
-    match proto::decode::<ApiToTp>(payload) {
-        Ok(ApiToTp::Hello(hello)) => {
+/// An admitted message as a hello (of a protocol version we speak) or a heartbeat.
+fn from_api(routing_id: Bytes, msg: ApiToTp) -> Option<FromApi> {
+    match msg {
+        ApiToTp::Hello(hello) => {
             match proto::check_version(&hello.api_server_id, hello.protocol_version) {
                 Ok(()) => Some(FromApi::Hello {
-                    routing_id: routing_id.clone(),
+                    routing_id,
                     name: hello.api_server_id,
                     epoch: hello.epoch,
                 }),
@@ -146,18 +152,14 @@ fn parse_api_message(routing_id: &Bytes, payload: &[u8]) -> Option<FromApi> {
                 }
             }
         }
-        Ok(ApiToTp::Heartbeat {
+        ApiToTp::Heartbeat {
             api_server_id,
             epoch,
-        }) => Some(FromApi::Heartbeat {
-            routing_id: routing_id.clone(),
+        } => Some(FromApi::Heartbeat {
+            routing_id,
             name: api_server_id,
             epoch,
         }),
-        Err(e) => {
-            tracing::warn!(error = %e, "dropping malformed api-server frame");
-            None
-        }
     }
 }
 

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use link::auth::{Gate, Verdict};
+use link::auth::Gate;
 use link::liveness::Heard;
 use link::peers::{HelloOutcome, PeerTable};
+use link::router::Received;
 use link::Liveness;
 use proto::api_worker::{AddRequest, ApiHello, ApiToWorker, RejectReason, WorkerToApi};
 use proto::RequestId;
@@ -138,24 +139,18 @@ struct ApiLink {
 impl ApiLink {
     /// One message from a connection: through the gate, decoded, handled.
     async fn on_message(&mut self, msg: ZmqMessage, admission: Option<&ApiAdmission>) {
-        let mut frames = msg.into_vec();
-        if frames.len() != 2 {
-            tracing::warn!(
-                parts = frames.len(),
-                "api message with unexpected framing dropped"
-            );
-            return;
-        }
-        let payload = frames.pop().expect("two frames");
-        let routing_id = frames.pop().expect("two frames");
-        match self.gate.check(&routing_id, &payload) {
-            Verdict::Pass => {}
-            Verdict::Reply(frame) => return send_frame(&mut self.socket, routing_id, frame).await,
-            Verdict::Drop => return,
-        }
-        match proto::decode::<ApiToWorker>(&payload) {
-            Ok(msg) => self.handle(admission, routing_id, msg).await,
-            Err(err) => tracing::warn!(error = %err, "undecodable api message dropped"),
+        match link::router::receive::<ApiToWorker>(&mut self.gate, msg) {
+            Received::Message { routing_id, msg } => self.handle(admission, routing_id, msg).await,
+            Received::Auth { routing_id, reply } => {
+                send_frame(&mut self.socket, routing_id, reply).await
+            }
+            Received::BadFraming { parts } => {
+                tracing::warn!(parts, "api message with unexpected framing dropped")
+            }
+            Received::Gated => {}
+            Received::Malformed { error, .. } => {
+                tracing::warn!(error = %error, "undecodable api message dropped")
+            }
         }
     }
 

@@ -79,7 +79,7 @@ impl Secret {
     }
 
     #[cfg(test)]
-    fn from_bytes(bytes: &[u8]) -> Self {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
         Self(bytes.into())
     }
 

@@ -8,7 +8,8 @@
 //!   sockets, so every DEALER link owns one), with one backoff policy.
 //! - [`peers`]: the table of peers that say hello to a ROUTER: admitted, reconnected, restarted
 //!   or refused (one text for a duplicate id), the connection that acts for each, and the dead
-//!   at each sweep.
+//!   at each sweep; [`peers::hello_rule`] for a table that keeps its own state.
+//! - [`router`]: the receive side of a ROUTER: one framing rule, the gate, decoding.
 //! - [`identity`]: default process ids, unique per host and stable across restarts, and each
 //!   process start's epoch.
 //! - [`ipc`]: `ipc://` endpoint preparation (stale socket files after `kill -9`).
@@ -29,6 +30,7 @@ pub mod identity;
 pub mod ipc;
 pub mod liveness;
 pub mod peers;
+pub mod router;
 pub mod service;
 
 pub use backoff::Backoff;

@@ -2,7 +2,9 @@
 //! at a worker and at the token-processor): who is admitted, restarted or refused, which
 //! connection acts for whom, and who is dead at each sweep, under [`crate::liveness`]'s rules.
 //! The processes keep only their own reaction (a worker aborts a restarted or dead api-server's
-//! requests; the token-processor forgets it).
+//! requests; the token-processor forgets it). The token-processor's table of workers keeps
+//! richer state under a clock its tests set, so it applies the hello rule alone
+//! ([`hello_rule`]) and the same refusal text.
 //!
 //! The rules, in one place:
 //! - a hello of a name nobody holds is admitted, up to the table's capacity;
@@ -28,6 +30,40 @@ use crate::liveness::{Heard, Liveness, Sweep, Sweeper};
 /// that sets its id.
 pub fn duplicate_id_reason(role: &str, id: &str, flag: &str) -> String {
     format!("{role} id {id} is held by another live {role}; give each {role} its own --{flag}")
+}
+
+/// The holder of a name, as far as the hello rule needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's process.
+    pub epoch: u64,
+    /// Silent past the liveness window.
+    pub silent: bool,
+}
+
+/// What a hello means under the rules above; capacity and what each side keeps are the
+/// caller's. [`PeerTable`] applies it, and so does the token-processor's table of workers
+/// (which keeps its own per-worker state under a testable clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelloRule {
+    /// Nobody holds the name.
+    Admit,
+    /// The holder itself (same epoch), maybe on a new connection: keep its state.
+    SameProcess,
+    /// Another process while the holder still speaks: refuse ([`duplicate_id_reason`]).
+    RefuseDuplicate,
+    /// Another process after the holder went silent: a restart; the old epoch's state is gone.
+    Restart,
+}
+
+/// The hello rule: `holder` of the name (None: nobody), `epoch` of the hello.
+pub fn hello_rule(holder: Option<Holder>, epoch: u64) -> HelloRule {
+    match holder {
+        None => HelloRule::Admit,
+        Some(holder) if holder.epoch == epoch => HelloRule::SameProcess,
+        Some(holder) if !holder.silent => HelloRule::RefuseDuplicate,
+        Some(_) => HelloRule::Restart,
+    }
 }
 
 /// One admitted peer.
@@ -97,29 +133,33 @@ impl<S> PeerTable<S> {
         now: Instant,
         state: impl FnOnce() -> S,
     ) -> HelloOutcome<S> {
-        let Some(held) = self.peers.get_mut(name) else {
-            if self.peers.len() >= self.capacity {
-                return HelloOutcome::Full;
+        let holder = self.peers.get(name).map(|held| Holder {
+            epoch: held.epoch,
+            silent: self.liveness.is_silent(held.last_heard, now),
+        });
+        match hello_rule(holder, epoch) {
+            HelloRule::Admit if self.peers.len() >= self.capacity => HelloOutcome::Full,
+            HelloRule::Admit => {
+                self.insert(name, epoch, routing_id, now, state());
+                HelloOutcome::Admitted
             }
-            self.insert(name, epoch, routing_id, now, state());
-            return HelloOutcome::Admitted;
-        };
-        if held.epoch == epoch {
-            held.routing_id = routing_id;
-            held.last_heard = now;
-            return HelloOutcome::Reconnected;
-        }
-        if !self.liveness.is_silent(held.last_heard, now) {
-            return HelloOutcome::Refused {
+            HelloRule::SameProcess => {
+                if let Some(held) = self.peers.get_mut(name) {
+                    held.routing_id = routing_id;
+                    held.last_heard = now;
+                }
+                HelloOutcome::Reconnected
+            }
+            HelloRule::RefuseDuplicate => HelloOutcome::Refused {
                 reason: duplicate_id_reason(self.role, name, self.id_flag),
-            };
-        }
-        let old = self
-            .insert(name, epoch, routing_id, now, state())
-            .expect("a held name");
-        HelloOutcome::Restarted {
-            old_epoch: old.epoch,
-            old_state: old.state,
+            },
+            HelloRule::Restart => match self.insert(name, epoch, routing_id, now, state()) {
+                Some(old) => HelloOutcome::Restarted {
+                    old_epoch: old.epoch,
+                    old_state: old.state,
+                },
+                None => HelloOutcome::Admitted,
+            },
         }
     }
 
@@ -222,6 +262,16 @@ mod tests {
 
     fn conn(n: u8) -> Bytes {
         Bytes::from(vec![n])
+    }
+
+    #[test]
+    fn the_hello_rule() {
+        let held = |epoch, silent| Some(Holder { epoch, silent });
+        assert_eq!(hello_rule(None, 1), HelloRule::Admit);
+        assert_eq!(hello_rule(held(1, false), 1), HelloRule::SameProcess);
+        assert_eq!(hello_rule(held(1, true), 1), HelloRule::SameProcess);
+        assert_eq!(hello_rule(held(1, false), 2), HelloRule::RefuseDuplicate);
+        assert_eq!(hello_rule(held(1, true), 2), HelloRule::Restart);
     }
 
     #[test]

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use link::auth::{Gate, Verdict};
+use link::auth::Gate;
+use link::router::Received;
 use link::service::Watchdog;
 use link::{Liveness, Sweep, Sweeper};
 use proto::worker_tp::{TpToWorker, WorkerToTp};
@@ -155,33 +156,27 @@ pub async fn run(router: RouterSocket, mut ingest: Ingest, io: IngestIo) -> Inge
             msg = recv.recv() => {
                 let received = Instant::now();
                 match msg {
-                    Ok(msg) => {
-                        let mut frames = msg.into_vec().into_iter();
-                        let Some(routing_id) = frames.next() else { continue };
-                        for frame in frames {
-                            match gate.check(&routing_id, &frame) {
-                                Verdict::Pass => {}
-                                Verdict::Reply(reply) => {
-                                    let mut msg = ZmqMessage::from(reply);
-                                    msg.push_front(routing_id.clone());
-                                    let _ = replies.try_send(msg);
-                                    continue;
-                                }
-                                Verdict::Drop => continue,
-                            }
-                            match proto::decode::<WorkerToTp>(&frame) {
-                                Ok(decoded) => {
-                                    if let Some(reply) = ingest.handle_from(&routing_id, decoded, clock(origin), received, &mut out) {
-                                        queue_reply(&replies, &routing_id, &reply);
-                                    }
-                                }
-                                Err(e) => {
-                                    metrics::malformed_frame();
-                                    tracing::warn!(error = %e, bytes = frame.len(), "dropping malformed ingest frame");
-                                }
+                    Ok(msg) => match link::router::receive::<WorkerToTp>(&mut gate, msg) {
+                        Received::Message { routing_id, msg } => {
+                            if let Some(reply) = ingest.handle_from(&routing_id, msg, clock(origin), received, &mut out) {
+                                queue_reply(&replies, &routing_id, &reply);
                             }
                         }
-                    }
+                        Received::Auth { routing_id, reply } => {
+                            let mut msg = ZmqMessage::from(reply);
+                            msg.push_front(routing_id);
+                            let _ = replies.try_send(msg);
+                        }
+                        Received::BadFraming { parts } => {
+                            metrics::malformed_frame();
+                            tracing::warn!(parts, "dropping an ingest message with unexpected framing");
+                        }
+                        Received::Gated => {}
+                        Received::Malformed { error, bytes, .. } => {
+                            metrics::malformed_frame();
+                            tracing::warn!(error = %error, bytes, "dropping malformed ingest frame");
+                        }
+                    },
                     Err(e) => tracing::warn!(error = %e, "ingest receive failed"),
                 }
             }

@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use link::peers::{hello_rule, HelloRule, Holder};
 use link::Liveness;
 
 use bytes::Bytes;
@@ -325,18 +326,21 @@ impl Ingest {
             tracing::warn!(worker_id_bytes = hello.worker_id.len(), %reason, "refusing worker hello");
             return refused(&mut self.stats, reason);
         }
-        if let Some(entry) = self.workers.get_mut(&hello.worker_id) {
-            if entry.hello.epoch == hello.epoch
-                && entry.routing_id != *routing_id
-                && entry.hello.session != hello.session
-            {
-                tracing::warn!(worker = %hello.worker_id, "hello refused: a live worker's epoch from another connection, without its session");
-                self.stats.foreign_frames += 1;
-                metrics::foreign_frame();
-                let reason = format!("worker {} is live on another connection", hello.worker_id);
-                return refused(&mut self.stats, reason);
-            }
-            if entry.hello.epoch == hello.epoch {
+        let holder = self.workers.get(&hello.worker_id).map(|entry| Holder {
+            epoch: entry.hello.epoch,
+            silent: entry.is_silent(now),
+        });
+        match hello_rule(holder, hello.epoch) {
+            HelloRule::SameProcess => {
+                let entry = self.workers.get_mut(&hello.worker_id)?;
+                if entry.routing_id != *routing_id && entry.hello.session != hello.session {
+                    tracing::warn!(worker = %hello.worker_id, "hello refused: a live worker's epoch from another connection, without its session");
+                    self.stats.foreign_frames += 1;
+                    metrics::foreign_frame();
+                    let reason =
+                        format!("worker {} is live on another connection", hello.worker_id);
+                    return refused(&mut self.stats, reason);
+                }
                 entry.routing_id = routing_id.clone();
                 // A reconnect of the same process: keep its state (a resync follows).
                 entry.last_heard_ns = now.mono_ns;
@@ -344,27 +348,30 @@ impl Ingest {
                 self.roster_version += 1;
                 return None;
             }
-            if !entry.is_silent(now) {
-                // Another process with the same id while the first still speaks: two workers
-                // would mix their batches. A restarted worker gets in once the old epoch's
-                // silence passes the window (we keep asking for its hello).
-                tracing::error!(worker = %hello.worker_id, live_epoch = entry.hello.epoch, refused_epoch = hello.epoch, "hello refused: another live worker holds this id");
+            HelloRule::RefuseDuplicate => {
+                // Two workers would mix their batches. A restarted worker gets in once the old
+                // epoch's silence passes the window (we keep asking for its hello).
+                tracing::error!(worker = %hello.worker_id, live_epoch = ?holder.map(|h| h.epoch), refused_epoch = hello.epoch, "hello refused: another live worker holds this id");
                 self.stats.duplicate_ids += 1;
                 metrics::duplicate_id_refused();
                 let reason =
                     link::peers::duplicate_id_reason("worker", &hello.worker_id, "worker-id");
                 return refused(&mut self.stats, reason);
             }
-            tracing::warn!(worker = %hello.worker_id, old_epoch = entry.hello.epoch, new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");
-            let worker_id = hello.worker_id.clone();
-            self.end_worker(&worker_id, "the worker restarted (new epoch)", now, out);
-        } else if self.workers.len() >= self.config.max_workers {
-            tracing::warn!(worker = %hello.worker_id, max = self.config.max_workers, "refusing worker hello: too many workers");
-            let reason = format!(
-                "the token-processor takes at most {} workers",
-                self.config.max_workers
-            );
-            return refused(&mut self.stats, reason);
+            HelloRule::Restart => {
+                tracing::warn!(worker = %hello.worker_id, old_epoch = ?holder.map(|h| h.epoch), new_epoch = hello.epoch, "worker restarted; failing the old epoch's requests");
+                let worker_id = hello.worker_id.clone();
+                self.end_worker(&worker_id, "the worker restarted (new epoch)", now, out);
+            }
+            HelloRule::Admit if self.workers.len() >= self.config.max_workers => {
+                tracing::warn!(worker = %hello.worker_id, max = self.config.max_workers, "refusing worker hello: too many workers");
+                let reason = format!(
+                    "the token-processor takes at most {} workers",
+                    self.config.max_workers
+                );
+                return refused(&mut self.stats, reason);
+            }
+            HelloRule::Admit => {}
         }
         tracing::info!(worker = %hello.worker_id, epoch = hello.epoch, model = %hello.model, k = hello.num_spec_tokens, proposer = %hello.proposer, draft_kv_bytes = hello.draft_kv_bytes, "worker said hello");
         self.admit(hello, routing_id, now);
