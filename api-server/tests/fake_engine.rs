@@ -342,12 +342,17 @@ async fn request_timeout_aborts_and_answers_503() {
     .await;
 }
 
-#[tokio::test]
-async fn worker_death_fails_in_flight_requests_with_503() {
-    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
-    let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
+/// A 1,000-token request in flight at the worker when `fault` strikes it: the request gets a 503
+/// naming the worker within the detection bound, nothing stays in flight, and `/health` is 503.
+/// Returns `/health`'s body.
+async fn a_worker_fault_fails_the_request_with_503(
+    engine: &FakeEngine,
+    base: &str,
+    client: &api_server::engine::EngineClient,
+    fault: impl FnOnce(&FakeEngine),
+) -> Value {
     let pending = tokio::spawn({
-        let base = base.clone();
+        let base = base.to_owned();
         async move {
             post(
                 &base,
@@ -361,10 +366,10 @@ async fn worker_death_fails_in_flight_requests_with_503() {
         !engine.adds().is_empty()
     })
     .await;
-    engine.kill_worker();
+    fault(engine);
     let r = tokio::time::timeout(support::detection_bound(), pending)
         .await
-        .expect("no hang")
+        .expect("the request ends within the detection bound")
         .unwrap();
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();
@@ -373,6 +378,15 @@ async fn worker_death_fails_in_flight_requests_with_503() {
     assert_eq!(client.in_flight(), 0);
     let health = reqwest::get(format!("{base}/health")).await.unwrap();
     assert_eq!(health.status(), 503);
+    health.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn worker_death_fails_in_flight_requests_with_503() {
+    let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
+    let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
+    a_worker_fault_fails_the_request_with_503(&engine, &base, &client, FakeEngine::kill_worker)
+        .await;
     // New requests are refused at once, not queued.
     let r = post(&base, "/v1/completions", json!({"prompt": "Hi"})).await;
     assert_eq!(r.status(), 503);
@@ -388,34 +402,13 @@ async fn worker_death_fails_in_flight_requests_with_503() {
 async fn a_silent_worker_is_declared_dead_then_taken_back_by_a_hello() {
     let engine = FakeEngine::start(Behaviour::Trickle { token: 504 }, 2).await;
     let (base, client) = support::serve(&engine, Duration::from_secs(30)).await;
-    let pending = tokio::spawn({
-        let base = base.clone();
-        async move {
-            post(
-                &base,
-                "/v1/completions",
-                json!({"prompt": "Hi", "max_tokens": 1000}),
-            )
-            .await
-        }
-    });
-    support::wait_until(support::SLACK, "request reached the worker", || async {
-        !engine.adds().is_empty()
-    })
+    let health = a_worker_fault_fails_the_request_with_503(
+        &engine,
+        &base,
+        &client,
+        FakeEngine::pause_worker,
+    )
     .await;
-    engine.pause_worker();
-    let r = tokio::time::timeout(support::detection_bound(), pending)
-        .await
-        .expect("the request ends within the liveness window")
-        .unwrap();
-    assert_eq!(r.status(), 503);
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["code"], "engine_unavailable");
-    assert!(v["error"]["message"].as_str().unwrap().contains("worker"));
-    assert_eq!(client.in_flight(), 0);
-    let health = reqwest::get(format!("{base}/health")).await.unwrap();
-    assert_eq!(health.status(), 503);
-    let health: Value = health.json().await.unwrap();
     assert_eq!(health["engine"]["workers"][0]["alive"], false, "{health}");
 
     engine.resume_worker();
