@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::backend::{Backend, Device};
 use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
@@ -22,45 +22,6 @@ use link::ipc::{default_tp_ingest_endpoint, default_worker_endpoint};
 use link::service;
 use proto::worker_tp::MAX_SPEC_TOKENS;
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LoadFormatArg {
-    /// GGUF for a file, safetensors for a Hugging Face directory.
-    Auto,
-    Gguf,
-    Safetensors,
-    /// Random weights in the model's shape (benchmarks).
-    Dummy,
-}
-
-/// `--spec-policy`: how many of the proposed drafts a sequence verifies each step.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum SpecPolicyArg {
-    /// By expected gain: each draft token must be worth its verify cost in this batch, given
-    /// the request's acceptance so far, the match's strength and the measured step cost.
-    Goodput,
-    /// Every proposed token up to K, whatever the load (experiments).
-    Fixed,
-}
-
-/// `--proposer`: where draft tokens come from.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum ProposerArg {
-    /// Prompt lookup: what followed the latest earlier occurrence of the last n tokens.
-    Ngram,
-    /// SuffixDecoding: the most frequent continuation of the longest matching suffix, in a
-    /// suffix trie of the request's tokens and one of recent requests' outputs.
-    Suffix,
-}
-
-impl ProposerArg {
-    fn kind(self) -> ProposerKind {
-        match self {
-            ProposerArg::Ngram => ProposerKind::Ngram,
-            ProposerArg::Suffix => ProposerKind::Suffix,
-        }
-    }
-}
-
 #[derive(Debug, Parser)]
 #[command(
     version,
@@ -72,7 +33,7 @@ struct Args {
     model: PathBuf,
     /// How to read `--model`.
     #[arg(long, env = "SPECULA_LOAD_FORMAT", value_enum, default_value = "auto")]
-    load_format: LoadFormatArg,
+    load_format: LoadFormat,
     /// Weight type of `--load-format dummy` weights.
     #[arg(long, env = "SPECULA_DUMMY_DTYPE", default_value = "q4_1")]
     dummy_dtype: String,
@@ -88,13 +49,13 @@ struct Args {
         long,
         env = "SPECULA_SPEC_POLICY",
         value_enum,
-        default_value = "goodput"
+        default_value = SpecPolicy::default().name()
     )]
-    spec_policy: SpecPolicyArg,
+    spec_policy: SpecPolicy,
     /// Draft proposer: `suffix` (suffix trees over the request and recent outputs, so answers
     /// repeated across requests are drafted too) or `ngram` (prompt lookup).
     #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = ProposerKind::default().name())]
-    proposer: ProposerArg,
+    proposer: ProposerKind,
     /// A draft model (GGUF file or Hugging Face directory) that drafts instead of `--proposer`.
     /// It must share the target's vocabulary (checked at load) and runs on the same device,
     /// with its own KV cache laid out like the target's (`scripts/make-draft.py` makes drafts
@@ -386,7 +347,7 @@ fn proposer_name(args: &Args) -> String {
     match (&args.draft_model, args.draft_layers) {
         (Some(path), _) => format!("draft:{}", vocab::served_model_name(path)),
         (None, Some(n)) => format!("layers:{n}"),
-        (None, None) => args.proposer.kind().name().into(),
+        (None, None) => args.proposer.name().into(),
     }
 }
 
@@ -467,12 +428,7 @@ fn load_engine(
 }
 
 fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
-    let format = match args.load_format {
-        LoadFormatArg::Auto => LoadFormat::Auto,
-        LoadFormatArg::Gguf => LoadFormat::Gguf,
-        LoadFormatArg::Safetensors => LoadFormat::Safetensors,
-        LoadFormatArg::Dummy => LoadFormat::Dummy,
-    };
+    let format = args.load_format;
     let dtype = WeightType::parse(&args.dummy_dtype)
         .with_context(|| format!("unknown --dummy-dtype {}", args.dummy_dtype))?;
     let started = Instant::now();
@@ -508,11 +464,8 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
     );
     let cfg = EngineConfig {
         num_spec_tokens: args.num_spec_tokens,
-        spec_policy: match args.spec_policy {
-            SpecPolicyArg::Goodput => SpecPolicy::Goodput,
-            SpecPolicyArg::Fixed => SpecPolicy::Fixed,
-        },
-        proposer: args.proposer.kind(),
+        spec_policy: args.spec_policy,
+        proposer: args.proposer,
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
         suffix: SuffixConfig {

@@ -46,11 +46,16 @@ struct Args {
     #[arg(long, default_value_t = EngineConfig::default().ngram_max)]
     ngram_max: usize,
     /// Comma list of drafting policies for K > 0: goodput, fixed.
-    #[arg(long, default_value = "goodput,fixed", value_delimiter = ',')]
-    policies: Vec<String>,
+    #[arg(
+        long,
+        value_enum,
+        default_value = "goodput,fixed",
+        value_delimiter = ','
+    )]
+    policies: Vec<SpecPolicy>,
     /// Comma list of proposers for K > 0: ngram, suffix.
-    #[arg(long, default_value = "ngram", value_delimiter = ',')]
-    proposers: Vec<String>,
+    #[arg(long, value_enum, default_value = "ngram", value_delimiter = ',')]
+    proposers: Vec<ProposerKind>,
     /// Untimed rounds of the same requests on the same engine before the timed one: the timed
     /// requests repeat earlier ones (what the suffix proposer's shared trie is for).
     #[arg(long, default_value_t = 0)]
@@ -198,20 +203,12 @@ fn main() -> anyhow::Result<()> {
     let code = prompt_ids(&args.golden, "code.json")?;
     let repetitive: Vec<u32> = code.iter().chain(&code).chain(&code).copied().collect();
     let free = prompt_ids(&args.golden, "story.json")?;
-    let mut policies = Vec::new();
-    for name in &args.policies {
-        policies.push(match name.as_str() {
-            "goodput" => SpecPolicy::Goodput,
-            "fixed" => SpecPolicy::Fixed,
-            other => anyhow::bail!("unknown policy {other} (goodput, fixed)"),
-        });
-    }
-    let mut proposers = Vec::new();
-    for name in &args.proposers {
-        let kind = ProposerKind::from_name(name)
-            .with_context(|| format!("unknown proposer {name} (ngram, suffix)"))?;
-        proposers.push((kind, kind.name()));
-    }
+    let policies = &args.policies;
+    let proposers: Vec<_> = args
+        .proposers
+        .iter()
+        .map(|&kind| (kind, kind.name()))
+        .collect();
     anyhow::ensure!(!proposers.is_empty(), "--proposers is empty");
     println!(
         "| prompt | streams | K | proposer | policy | decode tok/s | end-to-end tok/s | mean accepted length |"

@@ -4,32 +4,26 @@ use proto::api_worker::{AddRequest, LogitsProcessors, RejectReason};
 
 use crate::spec::{SpecPolicy, SuffixConfig};
 
-/// Which proposer drafts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which proposer drafts (the worker's `--proposer`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProposerKind {
-    /// Prompt lookup: the latest earlier occurrence of the sequence's last n tokens.
+    /// Prompt lookup: what followed the latest earlier occurrence of the last n tokens.
     Ngram,
-    /// SuffixDecoding: suffix tries over the request and over recent outputs. The default: in
-    /// the serving runs of `docs/history/benchmarks-notebook.md` it matches n-gram with 8 clients and beats it
-    /// with one.
+    /// SuffixDecoding: the most frequent continuation of the longest matching suffix, in a
+    /// suffix trie of the request's tokens and one of recent requests' outputs.
+    // The default: in the serving runs of `docs/history/benchmarks-notebook.md` it matches
+    // n-gram with 8 clients and beats it with one.
     #[default]
     Suffix,
 }
 
 impl ProposerKind {
-    pub const ALL: [ProposerKind; 2] = [ProposerKind::Ngram, ProposerKind::Suffix];
-
     /// The name the proposer reports in hellos, traces and benchmarks.
     pub fn name(self) -> &'static str {
         match self {
             ProposerKind::Ngram => "ngram",
             ProposerKind::Suffix => "suffix",
         }
-    }
-
-    /// The proposer called `name`, if any.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 

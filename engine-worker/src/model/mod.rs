@@ -50,14 +50,14 @@ pub struct Model {
     pub tokenizer: Option<TokenizerData>,
 }
 
-/// Where the weights come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the weights come from (the worker's `--load-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LoadFormat {
-    /// GGUF for a file, Hugging Face for a directory.
+    /// GGUF for a file, safetensors for a Hugging Face directory.
     Auto,
     Gguf,
     Safetensors,
-    /// Random weights with the shape read from the path (GGUF or `config.json`).
+    /// Random weights in the model's shape, read from the path (benchmarks).
     Dummy,
 }
 

@@ -20,13 +20,14 @@ use std::collections::BinaryHeap;
 use super::acceptance::{AcceptanceTable, RequestAcceptance};
 use super::cost::StepCost;
 
-/// Which drafting policy the engine runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which drafting policy the engine runs (the worker's `--spec-policy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SpecPolicy {
-    /// Draft lengths follow the expected gain per request and batch.
+    /// By expected gain: each draft token must be worth its verify cost in this batch, given
+    /// the request's acceptance so far, the match's strength and the measured step cost.
     #[default]
     Goodput,
-    /// Every proposed token is verified, up to K.
+    /// Every proposed token up to K, whatever the load (experiments).
     Fixed,
 }
 
