@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::openai::{complete, completion_body};
 use common::prometheus::{scripts_dir, unix_now, Prometheus, SCRAPE_INTERVAL};
 use common::stack::{metric_sum, Stack, StackConfig};
-use common::timing::PATIENCE;
+use common::timing::{self, PATIENCE};
 use common::wait_until;
 use serde_json::Value;
 
@@ -257,15 +257,27 @@ async fn send_traffic(stack: &Stack) -> Traffic {
 /// Waits until the token-processor itself shows the traffic's final figures and the worker's
 /// heartbeat reports no block in use (every request finished), then returns the Unix time just
 /// after, and the cached blocks it reported: with no traffic, what any later scrape holds.
+///
+/// The blocks come from heartbeats, the steps from step batches: a heartbeat taken just before
+/// the last request was admitted also shows no block in use, with that request's prompt not yet
+/// cached. So the reading must hold across more than two heartbeat intervals after the steps
+/// matched: by then a heartbeat taken after the last request finished has arrived.
 async fn settle(stack: &Stack, traffic: &Traffic) -> (f64, f64) {
+    let heartbeats = 2 * timing::liveness().interval + Duration::from_millis(100);
     let deadline = Instant::now() + PATIENCE;
+    let mut held: Option<(Instant, [f64; 3])> = None;
     loop {
         let text = stack.metrics_text().await;
-        let [used, cached, free] = ["used", "cached", "free"].map(|s| kv_blocks(&text, s));
-        if metric_sum(&text, STEPS) == traffic.steps as f64
+        let blocks @ [used, cached, free] = ["used", "cached", "free"].map(|s| kv_blocks(&text, s));
+        let final_figures = metric_sum(&text, STEPS) == traffic.steps as f64
             && used == 0.0
-            && used + cached + free == f64::from(KV_BLOCKS)
-        {
+            && used + cached + free == f64::from(KV_BLOCKS);
+        held = match held {
+            Some((since, seen)) if final_figures && seen == blocks => Some((since, seen)),
+            _ if final_figures => Some((Instant::now(), blocks)),
+            _ => None,
+        };
+        if held.is_some_and(|(since, _)| since.elapsed() >= heartbeats) {
             return (unix_now(), cached);
         }
         assert!(
