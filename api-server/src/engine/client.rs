@@ -2,9 +2,8 @@
 //! [`RequestHandle`] that yields the request's outputs and aborts it when dropped, and fails
 //! in-flight requests when their worker or the token-processor is declared dead.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proto::api_worker::{AddRequest, ApiToWorker};
 use proto::{FinishReason, RequestId};
@@ -12,9 +11,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::admission::{Admitted, ClientKey};
-use super::peers::least_loaded;
 use super::registry::REQUEST_CHANNEL_CAPACITY;
 use super::shared::{lock, Shared};
+use super::state::SubmitRefused;
 use super::{
     links, EngineClientConfig, EngineEvent, EngineFailure, EngineRequest, ServingEngine,
     SubmitRequest,
@@ -80,21 +79,18 @@ impl EngineClient {
     }
 
     pub fn in_flight(&self) -> usize {
-        lock(&self.shared.registry).len()
+        self.shared.state().in_flight()
     }
 
     /// Stops taking new requests (in-flight ones go on).
     pub fn stop_accepting(&self) {
-        self.shared.accepting.store(false, Ordering::Relaxed);
+        self.shared.state().stop_accepting();
     }
 
     /// Ends every in-flight request, closes the links and waits (bounded) for their tasks.
     pub async fn shutdown(&self, wait: Duration) {
-        self.stop_accepting();
-        let lost = lock(&self.shared.registry).fail_all(None, EngineFailure::ShuttingDown);
-        for (id, worker) in lost {
-            self.shared.send_abort(worker, id);
-        }
+        let effects = self.shared.state().shut_down();
+        self.shared.apply(effects);
         let _ = self.shutdown.send(true);
         let tasks: Vec<_> = std::mem::take(&mut *lock(&self.tasks));
         let _ = tokio::time::timeout(wait, futures::future::join_all(tasks)).await;
@@ -105,7 +101,7 @@ impl ServingEngine for EngineClient {
     type Request = RequestHandle;
 
     async fn admit(&self, sequences: usize, client: &ClientKey) -> Result<Vec<Admitted>, ApiError> {
-        let workers = self.shared.worker_capacity();
+        let workers = self.shared.state().worker_capacity();
         self.shared
             .admission
             .admit(sequences, client, workers)
@@ -115,29 +111,12 @@ impl ServingEngine for EngineClient {
     /// Sends one engine request to the least-loaded live worker.
     fn submit(&self, request: SubmitRequest) -> Result<RequestHandle, ApiError> {
         let shared = &self.shared;
-        if !shared.accepting.load(Ordering::Relaxed) {
-            return Err(ApiError::unavailable("the server is shutting down"));
-        }
-        if !lock(&shared.tp).alive() {
-            return Err(ApiError::unavailable(
-                "the token processor is not available",
-            ));
-        }
         let id = shared.ids.next();
         let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY);
-        let worker = {
-            let mut registry = lock(&shared.registry);
-            let tp = lock(&shared.tp);
-            let workers = lock(&shared.workers);
-            let worker = least_loaded(&workers, &tp, |i| registry.in_flight_on(i))
-                .ok_or_else(|| ApiError::unavailable("no engine worker is available"))?;
-            if !registry.insert(id, worker, tx) {
-                return Err(ApiError::Overloaded {
-                    message: "too many requests in flight; retry later".into(),
-                });
-            }
-            worker
-        };
+        let worker = shared
+            .state()
+            .submit(Instant::now(), id, tx)
+            .map_err(refusal)?;
         let add = AddRequest {
             id,
             prompt_token_ids: request.prompt_token_ids,
@@ -155,7 +134,7 @@ impl ServingEngine for EngineClient {
             .try_send(ApiToWorker::Add(add))
             .is_err()
         {
-            lock(&shared.registry).remove(id);
+            shared.state().unsend(id);
             return Err(ApiError::Overloaded {
                 message: "the engine queue is full; retry later".into(),
             });
@@ -163,7 +142,6 @@ impl ServingEngine for EngineClient {
         tracing::debug!(request_id = id, worker, "engine request submitted");
         Ok(RequestHandle {
             id,
-            worker,
             rx,
             shared: Arc::clone(shared),
             done: false,
@@ -172,57 +150,32 @@ impl ServingEngine for EngineClient {
 
     /// The context length of the workers requests go to (None before any is servable).
     fn max_model_len(&self) -> Option<u32> {
-        self.shared.max_model_len()
+        self.shared.state().max_model_len()
     }
 
     /// `Ok` when a request could complete now: a worker is routable, the token-processor
     /// takes its step batches, and the token-processor's outputs reach us. Otherwise why not.
     fn readiness(&self) -> Result<(), String> {
-        self.shared.readiness()
+        self.shared.state().readiness(Instant::now())
     }
 
     /// In-flight requests here, and each worker's liveness and load as its last heartbeat
     /// reported it.
     fn status(&self) -> serde_json::Value {
-        let tp = lock(&self.shared.tp);
-        let workers: Vec<_> = lock(&self.shared.workers)
-            .iter()
-            .map(|w| {
-                serde_json::json!({
-                    "endpoint": w.endpoint,
-                    "worker_id": w.worker_id(),
-                    "alive": w.alive(),
-                    "connected": w.connected,
-                    "accepting": w.accepting,
-                    "ready": w.hello.as_ref().is_some_and(|h| h.ready),
-                    "token_processor_takes_its_batches": w.worker_id().is_some_and(|id| tp.takes_batches_of(id)),
-                    "running_and_waiting": w.reported_load,
-                    "retained_unacknowledged": w.retained.unacknowledged,
-                    "retained_bytes": w.retained.bytes,
-                    "retained_dropped_total": w.retained.dropped_total,
-                    "token_processor_acknowledges": w.tp_link.acknowledges,
-                    "step_batches_unacknowledged": w.tp_link.batches_unacknowledged,
-                })
-            })
-            .collect();
-        drop(tp);
-        // Locks tp and workers itself: taken before the expression below holds tp's lock.
+        let (engine, capacity) = {
+            let state = self.shared.state();
+            (state.status(Instant::now()), state.worker_capacity())
+        };
         let admission = &self.shared.admission;
-        let capacity = self.shared.worker_capacity();
         let bound = admission.bound(capacity.auto_bound);
-        let admission = serde_json::json!({
+        let mut status = engine;
+        status["admission"] = serde_json::json!({
             "sequences_in_flight": admission.in_flight(),
             "bound": bound,
             "per_request": bound.map(|b| admission.request_cap(b, capacity.running)),
             "waiting_clients": admission.waiting_clients(),
         });
-        serde_json::json!({
-            "in_flight": self.in_flight(),
-            "token_processor_alive": lock(&self.shared.tp).alive(),
-            "token_processor_outage_s": self.shared.tp_outage().map(|d| d.as_secs_f64()),
-            "admission": admission,
-            "workers": workers,
-        })
+        status
     }
 
     fn in_flight(&self) -> usize {
@@ -234,7 +187,6 @@ impl ServingEngine for EngineClient {
 /// request at its worker (client disconnect, timeout, error elsewhere).
 pub struct RequestHandle {
     id: RequestId,
-    worker: usize,
     rx: mpsc::Receiver<EngineEvent>,
     shared: Arc<Shared>,
     done: bool,
@@ -266,9 +218,8 @@ impl EngineRequest for RequestHandle {
         ) {
             self.done = true;
             // Gone already unless the channel closed under us.
-            if let Some(worker) = lock(&self.shared.registry).remove(self.id) {
-                self.shared.send_abort(worker, self.id);
-            }
+            let effects = self.shared.state().withdraw(self.id);
+            self.shared.apply(effects);
         }
         event
     }
@@ -279,9 +230,24 @@ impl Drop for RequestHandle {
         if self.done {
             return;
         }
-        if lock(&self.shared.registry).remove(self.id).is_some() {
+        let effects = self.shared.state().withdraw(self.id);
+        if !effects.is_empty() {
             tracing::debug!(request_id = self.id, "engine request abandoned; aborting");
-            self.shared.send_abort(self.worker, self.id);
+            self.shared.apply(effects);
         }
+    }
+}
+
+/// The client-facing error for a request the engine state could not take.
+fn refusal(why: SubmitRefused) -> ApiError {
+    match why {
+        SubmitRefused::ShuttingDown => ApiError::unavailable("the server is shutting down"),
+        SubmitRefused::NoTokenProcessor => {
+            ApiError::unavailable("the token processor is not available")
+        }
+        SubmitRefused::NoWorker => ApiError::unavailable("no engine worker is available"),
+        SubmitRefused::Full => ApiError::Overloaded {
+            message: "too many requests in flight; retry later".into(),
+        },
     }
 }

@@ -18,7 +18,8 @@ use proto::tp_api::ApiToTp;
 use tokio::sync::{mpsc, watch};
 use zeromq::{DealerSocket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
-use super::shared::{Reply, Shared};
+use super::shared::Shared;
+use super::state::Reply;
 
 /// Bound on one send, so a stuck peer cannot stall the link.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -61,8 +62,8 @@ impl Peer {
 
     fn set_connected(self, shared: &Shared, connected: bool) {
         match self {
-            Peer::Worker(i) => shared.set_worker_connected(i, connected),
-            Peer::TokenProcessor => shared.set_tp_connected(connected),
+            Peer::Worker(i) => shared.state().set_worker_connected(i, connected),
+            Peer::TokenProcessor => shared.state().set_tp_connected(connected),
         }
     }
 
@@ -75,8 +76,8 @@ impl Peer {
 
     fn alive(self, shared: &Shared) -> bool {
         match self {
-            Peer::Worker(i) => shared.worker_alive(i),
-            Peer::TokenProcessor => shared.tp_alive(),
+            Peer::Worker(i) => shared.state().worker_alive(i),
+            Peer::TokenProcessor => shared.state().tp_alive(),
         }
     }
 

@@ -1,8 +1,10 @@
 //! The engine client: ZeroMQ links to every engine-worker and to the token-processor
-//! ([`links`], which only move frames), what each frame does ([`shared`]), the peers' liveness
-//! ([`peers`]), in-flight requests and their output channels ([`registry`]), and the handle a
-//! route holds for one engine request ([`client`]), and the bound on sequences in flight
-//! ([`admission`]). Imports go one way: client → links → shared → peers, registry, admission.
+//! ([`links`], which only move frames), what each frame and tick does (the pure state machine
+//! [`state`], over the peers' liveness in [`peers`] and the in-flight requests and their output
+//! channels in [`registry`]), what carries its effects out ([`shared`]), the handle a route
+//! holds for one engine request ([`client`]), and the bound on sequences in flight
+//! ([`admission`]). Imports go one way: client → links → shared → state → peers, registry,
+//! admission.
 //! The routes see only the [`ServingEngine`] trait, so their tests can run on an in-process fake.
 
 pub mod admission;
@@ -12,6 +14,7 @@ pub mod links;
 pub mod peers;
 pub mod registry;
 pub(crate) mod shared;
+pub(crate) mod state;
 
 use std::future::Future;
 use std::time::Duration;

@@ -79,7 +79,13 @@ impl Registry {
     }
 
     /// Registers a request; `false` when the registry is full.
-    pub fn insert(&mut self, id: RequestId, worker: usize, tx: mpsc::Sender<EngineEvent>) -> bool {
+    pub fn insert(
+        &mut self,
+        id: RequestId,
+        worker: usize,
+        tx: mpsc::Sender<EngineEvent>,
+        now: Instant,
+    ) -> bool {
         if self.entries.len() >= self.cap || worker >= self.per_worker.len() {
             return false;
         }
@@ -89,7 +95,7 @@ impl Registry {
                 worker,
                 tx,
                 delivered: 0,
-                last_progress: Instant::now(),
+                last_progress: now,
                 probed: None,
             },
         );
@@ -151,8 +157,8 @@ impl Registry {
         self.entries.get(&id).map(|e| e.worker)
     }
 
-    /// Delivers one output from the token-processor.
-    pub fn dispatch(&mut self, out: RequestOutput) -> Dispatch {
+    /// Delivers one output from the token-processor, received at `now`.
+    pub fn dispatch(&mut self, out: RequestOutput, now: Instant) -> Dispatch {
         let Some(entry) = self.entries.get_mut(&out.id) else {
             return Dispatch::Unknown;
         };
@@ -165,7 +171,6 @@ impl Registry {
                 gap_to = out.first_index,
                 "output gap; asking for a replay"
             );
-            let now = Instant::now();
             let due = entry
                 .probed
                 .is_none_or(|t| now.saturating_duration_since(t) >= GAP_PROBE_EVERY);
@@ -189,7 +194,7 @@ impl Registry {
                 return Dispatch::Dropped { worker };
             }
             entry.delivered = out.first_index + out.tokens.len() as u32;
-            entry.last_progress = Instant::now();
+            entry.last_progress = now;
             let logprobs = out.logprobs.get(skip..).filter(|l| !l.is_empty());
             let sent_logprobs = logprobs
                 .is_none_or(|l| entry.tx.try_send(EngineEvent::Logprobs(l.to_vec())).is_ok());
@@ -214,8 +219,13 @@ impl Registry {
                 speculate_metrics: out.speculate_metrics.map(|m| *m),
             }),
         };
-        let _ = entry.tx.try_send(event);
+        let sent = entry.tx.try_send(event).is_ok();
         self.remove(out.id);
+        if !sent {
+            // Its reader is that far behind: it reads the closed channel as dropped, and the
+            // worker must not keep the output for an acknowledgement that will not come.
+            return Dispatch::Dropped { worker };
+        }
         if failed {
             Dispatch::Failed { worker }
         } else {
@@ -259,6 +269,10 @@ mod tests {
         }
     }
 
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
     fn drain(rx: &mut mpsc::Receiver<EngineEvent>) -> Vec<u32> {
         let mut tokens = Vec::new();
         while let Ok(ev) = rx.try_recv() {
@@ -273,48 +287,54 @@ mod tests {
     fn duplicates_from_a_resync_are_dropped() {
         let mut reg = Registry::new(1, 8);
         let (tx, mut rx) = mpsc::channel(16);
-        assert!(reg.insert(7, 0, tx));
+        assert!(reg.insert(7, 0, tx, t0()));
         assert_eq!(
-            reg.dispatch(output(7, 0, &[10, 11, 12], None)),
+            reg.dispatch(output(7, 0, &[10, 11, 12], None), t0()),
             Dispatch::Delivered
         );
         // A resync replays everything, plus one new token.
         assert_eq!(
-            reg.dispatch(output(7, 0, &[10, 11, 12, 13], None)),
+            reg.dispatch(output(7, 0, &[10, 11, 12, 13], None), t0()),
             Dispatch::Delivered
         );
         assert_eq!(
-            reg.dispatch(output(7, 2, &[12, 13], None)),
+            reg.dispatch(output(7, 2, &[12, 13], None), t0()),
             Dispatch::Delivered
         );
         assert_eq!(
-            reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop))),
+            reg.dispatch(output(7, 4, &[14], Some(FinishReason::Stop)), t0()),
             Dispatch::Finished { worker: 0 }
         );
         assert_eq!(drain(&mut rx), vec![10, 11, 12, 13, 14]);
         assert!(reg.is_empty());
         assert_eq!(reg.in_flight_on(0), 0);
-        assert_eq!(reg.dispatch(output(7, 5, &[15], None)), Dispatch::Unknown);
+        assert_eq!(
+            reg.dispatch(output(7, 5, &[15], None), t0()),
+            Dispatch::Unknown
+        );
     }
 
     #[test]
     fn a_gap_waits_for_the_replay_and_asks_for_it_once_a_second() {
         let mut reg = Registry::new(1, 8);
         let (tx, mut rx) = mpsc::channel(16);
-        reg.insert(1, 0, tx);
-        reg.dispatch(output(1, 0, &[1], None));
+        reg.insert(1, 0, tx, t0());
+        reg.dispatch(output(1, 0, &[1], None), t0());
         assert_eq!(
-            reg.dispatch(output(1, 3, &[4], None)),
+            reg.dispatch(output(1, 3, &[4], None), t0()),
             Dispatch::Gap { probe: Some(0) }
         );
         assert_eq!(
-            reg.dispatch(output(1, 4, &[5], Some(FinishReason::Stop))),
+            reg.dispatch(output(1, 4, &[5], Some(FinishReason::Stop)), t0()),
             Dispatch::Gap { probe: None },
             "asked already"
         );
         // The replay from 0 fills the gap; the stream is exact.
         assert_eq!(
-            reg.dispatch(output(1, 0, &[1, 2, 3, 4, 5], Some(FinishReason::Stop))),
+            reg.dispatch(
+                output(1, 0, &[1, 2, 3, 4, 5], Some(FinishReason::Stop)),
+                t0()
+            ),
             Dispatch::Finished { worker: 0 }
         );
         assert_eq!(drain(&mut rx), vec![1, 2, 3, 4, 5]);
@@ -325,9 +345,9 @@ mod tests {
     fn an_error_final_says_the_worker_must_stop_the_request() {
         let mut reg = Registry::new(1, 8);
         let (tx, _rx) = mpsc::channel(16);
-        reg.insert(1, 0, tx);
+        reg.insert(1, 0, tx, t0());
         assert_eq!(
-            reg.dispatch(output(1, 0, &[], Some(FinishReason::Error))),
+            reg.dispatch(output(1, 0, &[], Some(FinishReason::Error)), t0()),
             Dispatch::Failed { worker: 0 }
         );
     }
@@ -336,9 +356,9 @@ mod tests {
     fn full_registry_refuses_and_worker_failures_are_scoped() {
         let mut reg = Registry::new(2, 2);
         let (tx, _rx) = mpsc::channel(4);
-        assert!(reg.insert(1, 0, tx.clone()));
-        assert!(reg.insert(2, 1, tx.clone()));
-        assert!(!reg.insert(3, 1, tx));
+        assert!(reg.insert(1, 0, tx.clone(), t0()));
+        assert!(reg.insert(2, 1, tx.clone(), t0()));
+        assert!(!reg.insert(3, 1, tx, t0()));
         assert_eq!(
             reg.fail_all(Some(1), EngineFailure::WorkerLost),
             vec![(2, 1)]
@@ -352,10 +372,13 @@ mod tests {
     fn a_reader_that_falls_behind_is_dropped() {
         let mut reg = Registry::new(1, 8);
         let (tx, _rx) = mpsc::channel(1);
-        reg.insert(1, 0, tx);
-        assert_eq!(reg.dispatch(output(1, 0, &[1], None)), Dispatch::Delivered);
+        reg.insert(1, 0, tx, t0());
         assert_eq!(
-            reg.dispatch(output(1, 1, &[2], None)),
+            reg.dispatch(output(1, 0, &[1], None), t0()),
+            Dispatch::Delivered
+        );
+        assert_eq!(
+            reg.dispatch(output(1, 1, &[2], None), t0()),
             Dispatch::Dropped { worker: 0 }
         );
         assert!(reg.is_empty());
