@@ -9,14 +9,14 @@ use anyhow::Context;
 use clap::Parser;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions, Isa};
 use engine_worker::backend::{Backend, Device};
-use engine_worker::engine::{Engine, EngineConfig, ProposerKind, RetainBounds};
+use engine_worker::engine::{Engine, EngineConfig, RetainBounds};
 use engine_worker::io::api::{bind_api, run_api_link, ApiAdmission, ApiLinkSettings};
 use engine_worker::io::step_loop::{run_step_loop, step_loop_failure, step_loop_stall, StepLoopIo};
 use engine_worker::io::tp::{run_tp_link, TpLinkConfig};
 use engine_worker::io::{ApiOutbound, EngineCommand, TpOutbound, WorkerStatus};
 use engine_worker::kv::{parse_bytes, KvBudget, KvDtype};
 use engine_worker::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
-use engine_worker::spec::{DraftSource, SpecPolicy, SuffixConfig};
+use engine_worker::spec::DraftSource;
 use engine_worker::trace::{TraceRun, TraceWriter};
 use link::ipc::{default_tp_ingest_endpoint, default_worker_endpoint};
 use link::service;
@@ -40,22 +40,8 @@ struct Args {
     /// Device to run on: `cpu`, or `cuda:N` (needs a build with `--features cuda`).
     #[arg(long, env = "SPECULA_DEVICE", default_value = "cpu")]
     device: Device,
-    /// K: draft tokens per verification step; 0 turns speculative decoding off.
-    #[arg(long, env = "SPECULA_NUM_SPEC_TOKENS", default_value_t = 4)]
-    num_spec_tokens: usize,
-    /// Drafting policy: `goodput` drafts only what is expected to pay in the current batch;
-    /// `fixed` verifies every proposed token up to K.
-    #[arg(
-        long,
-        env = "SPECULA_SPEC_POLICY",
-        value_enum,
-        default_value = SpecPolicy::default().name()
-    )]
-    spec_policy: SpecPolicy,
-    /// Draft proposer: `suffix` (suffix trees over the request and recent outputs, so answers
-    /// repeated across requests are drafted too) or `ngram` (prompt lookup).
-    #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = ProposerKind::default().name())]
-    proposer: ProposerKind,
+    #[command(flatten)]
+    engine: EngineConfig,
     /// A draft model (GGUF file or Hugging Face directory) that drafts instead of `--proposer`.
     /// It must share the target's vocabulary (checked at load) and runs on the same device,
     /// with its own KV cache laid out like the target's (`scripts/make-draft.py` makes drafts
@@ -66,38 +52,6 @@ struct Args {
     /// (early exit, no extra weights, in the target's own KV cache) instead of `--proposer`.
     #[arg(long, env = "SPECULA_DRAFT_LAYERS")]
     draft_layers: Option<usize>,
-    /// Shortest suffix the n-gram proposer matches.
-    #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = 1)]
-    ngram_min: usize,
-    /// Longest suffix the n-gram proposer matches (tried first).
-    #[arg(long, env = "SPECULA_NGRAM_MAX", default_value_t = 4)]
-    ngram_max: usize,
-    /// Suffix proposer: longest string its tries hold (matched suffix plus draft), at least 2.
-    #[arg(long, env = "SPECULA_SUFFIX_MAX_DEPTH",
-          default_value_t = SuffixConfig::default().max_depth as u64,
-          value_parser = clap::value_parser!(u64).range(2..=256))]
-    suffix_max_depth: u64,
-    /// Suffix proposer: finished outputs kept in its global trie (0: each request drafts from
-    /// its own tokens only).
-    #[arg(long, env = "SPECULA_SUFFIX_CACHE_OUTPUTS",
-          default_value_t = SuffixConfig::default().max_cached_outputs)]
-    suffix_cache_outputs: usize,
-    /// Most sequences running at once.
-    #[arg(long, env = "SPECULA_MAX_NUM_SEQS", default_value_t = 16)]
-    max_num_seqs: usize,
-    /// Most positions (prompt + output) per sequence; clamped to the model and the cache.
-    #[arg(long, env = "SPECULA_MAX_MODEL_LEN", default_value_t = 2048)]
-    max_model_len: usize,
-    /// Token budget of one step (prompt tokens plus K+1 per running sequence).
-    #[arg(long, env = "SPECULA_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048)]
-    max_num_batched_tokens: usize,
-    /// Waiting-queue bound; beyond it requests are refused as overloaded.
-    #[arg(long, env = "SPECULA_MAX_WAITING", default_value_t = 1024)]
-    max_waiting: usize,
-    /// Automatic prefix caching: prompts that start with the same full KV blocks as an earlier
-    /// prompt share that prompt's cache instead of computing it again (`false` turns it off).
-    #[arg(long, env = "SPECULA_PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set)]
-    prefix_caching: bool,
     /// KV-cache blocks (unless `--kv-cache-memory` sizes the cache).
     #[arg(long, env = "SPECULA_NUM_KV_BLOCKS", default_value_t = 2048)]
     num_kv_blocks: usize,
@@ -174,12 +128,12 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.service.init_tracing();
     anyhow::ensure!(
-        args.num_spec_tokens <= MAX_SPEC_TOKENS as usize,
+        args.engine.num_spec_tokens <= MAX_SPEC_TOKENS as usize,
         "--num-spec-tokens {} exceeds the largest K the token-processor accepts ({MAX_SPEC_TOKENS})",
-        args.num_spec_tokens
+        args.engine.num_spec_tokens
     );
     anyhow::ensure!(
-        args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
+        args.engine.ngram_min >= 1 && args.engine.ngram_min <= args.engine.ngram_max,
         "need 1 <= --ngram-min <= --ngram-max"
     );
     anyhow::ensure!(
@@ -245,7 +199,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     ));
 
     let drain = Duration::from_secs(args.drain_timeout_secs);
-    let stall = step_loop_stall(args.max_num_batched_tokens);
+    let stall = step_loop_stall(args.engine.max_num_batched_tokens);
     let ends = EngineEnds {
         commands: cmd_rx,
         to_tp: tp_tx,
@@ -332,7 +286,7 @@ fn worker_status(args: &Args, worker_id: &str) -> Arc<WorkerStatus> {
         worker_id.to_owned(),
         epoch,
         model_label,
-        args.num_spec_tokens as u32,
+        args.engine.num_spec_tokens as u32,
         proposer,
         args.service.heartbeat_interval_ms,
     ))
@@ -341,13 +295,13 @@ fn worker_status(args: &Args, worker_id: &str) -> Arc<WorkerStatus> {
 /// What the worker will draft with, as hellos, `/health` and metric labels name it (the names
 /// `ModelDrafter` and the proposers give themselves).
 fn proposer_name(args: &Args) -> String {
-    if args.num_spec_tokens == 0 {
+    if args.engine.num_spec_tokens == 0 {
         return "none".into();
     }
     match (&args.draft_model, args.draft_layers) {
         (Some(path), _) => format!("draft:{}", vocab::served_model_name(path)),
         (None, Some(n)) => format!("layers:{n}"),
-        (None, None) => args.proposer.name().into(),
+        (None, None) => args.engine.proposer.name().into(),
     }
 }
 
@@ -414,7 +368,7 @@ fn load_engine(
             TraceWriter::create(
                 path,
                 &TraceRun {
-                    num_spec_tokens: args.num_spec_tokens,
+                    num_spec_tokens: args.engine.num_spec_tokens,
                     model: &engine.backend().config().name,
                     worker_id,
                     proposer: engine.proposer_name(),
@@ -442,7 +396,7 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
             let budget = KvBudget {
                 bytes: budget,
                 block_size: args.block_size,
-                max_model_len: args.max_model_len,
+                max_model_len: args.engine.max_model_len,
                 dtype: kv_dtype(args),
             };
             let blocks = budget.blocks(&model.config, draft.as_ref().map(|d| &d.config))?;
@@ -462,27 +416,11 @@ fn build_engine(args: &Args) -> anyhow::Result<WorkerEngine> {
         kv_cache_dtype = %kv_dtype(args),
         "model loaded"
     );
-    let cfg = EngineConfig {
-        num_spec_tokens: args.num_spec_tokens,
-        spec_policy: args.spec_policy,
-        proposer: args.proposer,
-        ngram_min: args.ngram_min,
-        ngram_max: args.ngram_max,
-        suffix: SuffixConfig {
-            max_depth: args.suffix_max_depth as usize,
-            max_cached_outputs: args.suffix_cache_outputs,
-        },
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_model_len: args.max_model_len,
-        max_waiting: args.max_waiting,
-        prefix_caching: args.prefix_caching,
-    };
     let draft = match draft {
         Some(draft) => Some(DraftSource::Model(build_backend(args, draft, num_blocks)?)),
         None => args.draft_layers.map(DraftSource::TargetLayers),
     };
-    let mut engine = Engine::with_drafter(backend, cfg, vocab, draft)?;
+    let mut engine = Engine::with_drafter(backend, args.engine.clone(), vocab, draft)?;
     if let Some(drafter) = engine.drafter() {
         tracing::info!(
             drafter = drafter.name(),
@@ -507,7 +445,7 @@ fn load_draft(
     let Some(path) = &args.draft_model else {
         return Ok(None);
     };
-    if args.num_spec_tokens == 0 {
+    if args.engine.num_spec_tokens == 0 {
         tracing::warn!("--draft-model is unused with --num-spec-tokens 0");
         return Ok(None);
     }
