@@ -42,4 +42,36 @@ pub enum EngineError {
         endpoint: String,
         source: zeromq::ZmqError,
     },
+    /// An option out of range, or at odds with another; the message names the option.
+    #[error("{0}")]
+    Options(String),
+    #[error("unknown --dummy-dtype {0}")]
+    UnknownDummyDtype(String),
+    #[error("cannot load {path}")]
+    Load {
+        path: String,
+        source: Box<EngineError>,
+    },
+    #[error("cannot load draft model {path}")]
+    LoadDraft {
+        path: String,
+        source: Box<EngineError>,
+    },
+    #[error("draft model {draft} cannot draft for {target}: {reason}")]
+    DraftVocabulary {
+        draft: String,
+        target: String,
+        reason: String,
+    },
+    #[error("cannot name the proposer: {0}; rename the draft file")]
+    ProposerName(String),
+    #[error("cannot create trace {path}: {source}")]
+    Trace {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start the step-loop thread: {0}")]
+    Thread(std::io::Error),
+    #[error("step loop died while loading")]
+    StepLoopDied,
 }

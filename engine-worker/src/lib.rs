@@ -3,7 +3,8 @@
 //!
 //! Layout: `model` loads weights and hyper-parameters (GGUF, safetensors, dummy); `backend`
 //! runs the forward pass (CPU here, CUDA behind the `cuda` feature) behind one trait; the rest
-//! (KV-block bookkeeping, scheduler, proposer, verifier, step driver, I/O) is backend-agnostic.
+//! (KV-block bookkeeping, scheduler, proposer, verifier, step driver, I/O) is backend-agnostic;
+//! `worker` starts and stops the whole process (the binary parses options and waits).
 
 pub mod backend;
 pub mod engine;
@@ -16,5 +17,6 @@ pub mod sampling;
 pub mod scheduler;
 pub mod spec;
 pub mod trace;
+pub mod worker;
 
 pub use error::EngineError;

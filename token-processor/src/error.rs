@@ -30,6 +30,8 @@ pub enum TpError {
     Metrics(String),
     #[error(transparent)]
     Proto(#[from] proto::ProtoError),
+    #[error(transparent)]
+    Link(#[from] link::LinkError),
     #[error("zeromq: {0}")]
     Zmq(#[from] zeromq::ZmqError),
 }

@@ -12,6 +12,7 @@
 //! - [`memory`]: process memory settings (huge pages off).
 //! - [`replay`]: acceptance traces through the same state machine, for `token-processor replay`.
 //! - [`synth`]: synthetic step batches for the benchmarks.
+//! - [`serve`]: the whole service, started and stopped (the binary parses options and waits).
 
 pub mod binned;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod ingest;
 pub mod memory;
 pub mod metrics;
 pub mod replay;
+pub mod serve;
 pub mod synth;
 pub mod tracker;
 pub mod whatif;

@@ -6,24 +6,16 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::{mpsc, watch};
-use zeromq::{RouterSocket, Socket};
 
-use link::ipc::{default_tp_api_endpoint, default_tp_ingest_endpoint};
-use link::service::{self, Watchdog};
-use token_processor::error::TpError;
-use token_processor::ingest::{self, Ingest, IngestConfig, IngestHealth, IngestIo};
+use link::service;
 use token_processor::replay::{self, Batching, Trace};
-use token_processor::tracker::RequestClasses;
-use token_processor::{forward, http, memory, metrics, whatif};
+use token_processor::serve::{ServeConfig, TokenProcessor};
+use token_processor::{memory, whatif};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -34,7 +26,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
-    serve: ServeArgs,
+    serve: ServeConfig,
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,57 +45,6 @@ enum Command {
         #[arg(long, requires = "what_if")]
         out: Option<PathBuf>,
     },
-}
-
-#[derive(Debug, clap::Args)]
-struct ServeArgs {
-    /// ZeroMQ endpoint the ROUTER socket binds for engine-workers (step batches in, acknowledgements out).
-    #[arg(long, env = "SPECULA_INGEST_ENDPOINT", default_value_t = default_tp_ingest_endpoint())]
-    ingest_endpoint: String,
-    /// ZeroMQ endpoint the ROUTER socket binds for api-servers.
-    #[arg(long, env = "SPECULA_TP_API_ENDPOINT", default_value_t = default_tp_api_endpoint())]
-    api_endpoint: String,
-    /// Address `/metrics` and `/health` listen on.
-    #[arg(long, env = "SPECULA_METRICS_HOST", default_value = "127.0.0.1")]
-    metrics_host: std::net::IpAddr,
-    /// Port `/metrics` and `/health` listen on.
-    #[arg(long, env = "SPECULA_METRICS_PORT", default_value_t = 9400)]
-    metrics_port: u16,
-    /// A client must send a request's headers within this many seconds, also the idle limit of
-    /// a kept-alive connection: idle sockets cannot pile up on `/metrics`.
-    #[arg(
-        long,
-        env = "SPECULA_TP_HTTP_HEADER_TIMEOUT_SECS",
-        default_value_t = 10
-    )]
-    http_header_timeout_secs: u64,
-    /// Most HTTP connections (`/metrics`, `/health`) open at once; more wait in the listen
-    /// backlog, so scrapers and probes can never use the descriptors the ZeroMQ links need.
-    #[arg(long, env = "SPECULA_TP_MAX_HTTP_CONNECTIONS", default_value_t = 4096)]
-    max_http_connections: usize,
-    /// In-flight requests tracked per worker; requests beyond it fail explicitly.
-    #[arg(long, env = "SPECULA_TP_MAX_REQUESTS", default_value_t = 65_536)]
-    max_requests: usize,
-    /// Workers tracked at once; hellos beyond it are refused.
-    #[arg(long, env = "SPECULA_TP_MAX_WORKERS", default_value_t = 256)]
-    max_workers: usize,
-    /// Largest K expected: the accepted-drafts-per-step histogram gets buckets 0..=this.
-    #[arg(long, env = "SPECULA_TP_MAX_SPEC_TOKENS", default_value_t = 8)]
-    max_spec_tokens: u32,
-    /// Batches of outputs queued for the forwarder; while it is full, ingest holds further
-    /// outputs back (merged per owner, at most 65,536) and drops them, counted, beyond that.
-    #[arg(long, env = "SPECULA_TP_FORWARD_QUEUE", default_value_t = 256)]
-    forward_queue: usize,
-    /// Longest wait, on SIGTERM, for queued outputs to be sent.
-    #[arg(long, env = "SPECULA_TP_SHUTDOWN_TIMEOUT_MS", default_value_t = 5_000)]
-    shutdown_timeout_ms: u64,
-    /// Request classes (comma-separated, a-z 0-9 _ -) that label the acceptance series, as the
-    /// api-servers name them (`--request-classes` there too); any other class counts as
-    /// `other`, so clients cannot grow the series. At most 32.
-    #[arg(long, env = "SPECULA_REQUEST_CLASSES", value_delimiter = ',')]
-    request_classes: Vec<String>,
-    #[command(flatten)]
-    service: service::ServiceArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -182,187 +123,15 @@ fn return_idle_memory() {
     unsafe { libmimalloc_sys::mi_collect(false) };
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let origin = Instant::now();
-    let tp_epoch = link::identity::new_epoch();
-    let classes = Arc::new(RequestClasses::new(&args.request_classes).map_err(TpError::Config)?);
-    let prometheus =
-        metrics::install(args.max_spec_tokens).context("installing the metrics recorder")?;
-    let link_secret = link::auth::secret_for(
-        args.service.link_secret_file.as_ref(),
-        &[&args.ingest_endpoint, &args.api_endpoint],
-    )?;
-    let bound = bind(&args).await?;
-
-    let health = Arc::new(IngestHealth::new(origin));
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let pipeline = start_pipeline(
-        &args,
-        bound.ingest,
-        bound.api,
-        PipelineContext {
-            tp_epoch,
-            classes,
-            link_secret,
-            health: health.clone(),
-            shutdown: shutdown_rx.clone(),
-        },
-    );
-    let upkeep = spawn_upkeep(prometheus.clone());
-    let limits = link::http::HttpLimits {
-        header_read_timeout: Duration::from_secs(args.http_header_timeout_secs.max(1)),
-        max_connections: args.max_http_connections,
-    };
-    let server = spawn_http(
-        bound.http,
-        http::router(prometheus, health),
-        limits,
-        shutdown_rx.clone(),
-    );
-
-    tracing::info!(ingest = %args.ingest_endpoint, api = %args.api_endpoint, http = %bound.http_addr, "token-processor ready");
+async fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let (ingest, api) = (config.ingest_endpoint.clone(), config.api_endpoint.clone());
+    let running = TokenProcessor::start(config).await?;
+    tracing::info!(ingest = %ingest, api = %api, http = %running.http_addr(), "token-processor ready");
     service::notify_ready();
 
     service::shutdown_signal().await;
     tracing::info!("shutting down: stopping ingest, flushing outputs");
     service::notify_stopping();
-    let _ = shutdown_tx.send(true);
-    drain(pipeline, args.shutdown_timeout_ms).await;
-    upkeep.abort();
-    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    running.stop().await;
     Ok(())
-}
-
-/// The sockets and listener `serve` binds before anything runs.
-struct Bound {
-    ingest: RouterSocket,
-    api: RouterSocket,
-    http: tokio::net::TcpListener,
-    http_addr: SocketAddr,
-}
-
-async fn bind(args: &ServeArgs) -> anyhow::Result<Bound> {
-    for endpoint in [&args.ingest_endpoint, &args.api_endpoint] {
-        link::ipc::prepare_bind(endpoint).with_context(|| format!("preparing {endpoint}"))?;
-    }
-    let mut ingest = RouterSocket::new();
-    ingest
-        .bind(&args.ingest_endpoint)
-        .await
-        .with_context(|| format!("binding ingest on {}", args.ingest_endpoint))?;
-    let mut api = RouterSocket::new();
-    api.bind(&args.api_endpoint)
-        .await
-        .with_context(|| format!("binding api endpoint on {}", args.api_endpoint))?;
-    let http_addr = SocketAddr::new(args.metrics_host, args.metrics_port);
-    let http = link::http::bind(http_addr, HTTP_LISTEN_BACKLOG)
-        .with_context(|| format!("binding HTTP on {http_addr}"))?;
-    Ok(Bound {
-        ingest,
-        api,
-        http,
-        http_addr,
-    })
-}
-
-/// What the ingest and the forwarder are started with besides their sockets.
-struct PipelineContext {
-    tp_epoch: u64,
-    classes: Arc<RequestClasses>,
-    link_secret: Option<link::auth::Secret>,
-    health: Arc<IngestHealth>,
-    shutdown: watch::Receiver<bool>,
-}
-
-/// The ingest (step batches in) and the forwarder (outputs out), running.
-struct Pipeline {
-    ingest: tokio::task::JoinHandle<Ingest>,
-    forwarder: tokio::task::JoinHandle<()>,
-}
-
-/// Starts the forwarder, then the ingest that feeds it outputs and the list of live workers.
-fn start_pipeline(
-    args: &ServeArgs,
-    ingest_router: RouterSocket,
-    api_router: RouterSocket,
-    context: PipelineContext,
-) -> Pipeline {
-    let (forward_tx, forward_rx) = mpsc::channel(args.forward_queue.max(1));
-    let liveness = args.service.liveness();
-    let (live_workers_tx, live_workers_rx) = watch::channel(Vec::new());
-    let forwarder = tokio::spawn(forward::run(
-        api_router,
-        forward_rx,
-        live_workers_rx,
-        liveness,
-        context.tp_epoch,
-        link::auth::Gate::new(context.link_secret.clone()),
-    ));
-
-    let config = IngestConfig {
-        max_requests_per_worker: args.max_requests,
-        max_workers: args.max_workers,
-        classes: context.classes,
-    };
-    let ingest = tokio::spawn(ingest::run(
-        ingest_router,
-        Ingest::new(config),
-        IngestIo {
-            forward: forward_tx,
-            health: context.health,
-            live_workers: live_workers_tx,
-            shutdown: context.shutdown,
-            watchdog: Watchdog::from_env(),
-            gate: link::auth::Gate::new(context.link_secret),
-        },
-    ));
-    Pipeline { ingest, forwarder }
-}
-
-/// Histograms buffer raw samples until upkeep folds them in: bound that buffer.
-fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tick.tick().await;
-            prometheus.run_upkeep();
-        }
-    })
-}
-
-/// Connections the kernel queues for the HTTP listener before they are accepted.
-const HTTP_LISTEN_BACKLOG: u32 = 1024;
-
-/// Serves `/metrics` and `/health` until shutdown.
-fn spawn_http(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    limits: link::http::HttpLimits,
-    mut shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(link::http::serve(listener, app, limits, async move {
-        let _ = shutdown.wait_for(|stop| *stop).await;
-    }))
-}
-
-/// Waits, at most `shutdown_timeout_ms`, for the ingest to stop and the forwarder to send what
-/// is queued.
-async fn drain(pipeline: Pipeline, shutdown_timeout_ms: u64) {
-    let bound = Duration::from_millis(shutdown_timeout_ms);
-    let drained = tokio::time::timeout(bound, async {
-        let ingest = pipeline.ingest.await;
-        let _ = pipeline.forwarder.await;
-        ingest
-    })
-    .await;
-    match drained {
-        Ok(Ok(ingest)) => {
-            tracing::info!(in_flight = ingest.in_flight(), "outputs flushed; exiting")
-        }
-        Ok(Err(e)) => tracing::error!(error = %e, "ingest task failed"),
-        Err(_) => tracing::warn!(
-            timeout_ms = shutdown_timeout_ms,
-            "shutdown bound reached; exiting"
-        ),
-    }
 }

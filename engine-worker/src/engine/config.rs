@@ -27,40 +27,87 @@ impl ProposerKind {
     }
 }
 
-#[derive(Debug, Clone)]
+// Defaults of the worker's options, stated once: `#[arg(default_value_t)]` and
+// `EngineConfig::default()` both read them.
+/// Default K (`--num-spec-tokens`).
+pub const DEFAULT_NUM_SPEC_TOKENS: usize = 4;
+/// Default `--ngram-min`.
+pub const DEFAULT_NGRAM_MIN: usize = 1;
+/// Default `--ngram-max`.
+pub const DEFAULT_NGRAM_MAX: usize = 4;
+/// Default `--max-num-seqs`.
+pub const DEFAULT_MAX_NUM_SEQS: usize = 16;
+/// Default `--max-model-len`.
+pub const DEFAULT_MAX_MODEL_LEN: usize = 2048;
+/// Default `--max-num-batched-tokens`.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+/// Default `--max-waiting`.
+pub const DEFAULT_MAX_WAITING: usize = 1024;
+/// Default `--prefix-caching`.
+pub const DEFAULT_PREFIX_CACHING: bool = true;
+
+/// The engine's limits and drafting, also the worker's options of the same names (the doc
+/// comments of the fields are their `--help`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct EngineConfig {
-    /// K: most draft tokens per verify step; 0 turns speculation off.
+    /// K: draft tokens per verification step; 0 turns speculative decoding off.
+    #[arg(long, env = "SPECULA_NUM_SPEC_TOKENS", default_value_t = DEFAULT_NUM_SPEC_TOKENS)]
     pub num_spec_tokens: usize,
-    /// How many of the proposed drafts (up to K) each sequence verifies per step.
+    /// Drafting policy: `goodput` drafts only what is expected to pay in the current batch;
+    /// `fixed` verifies every proposed token up to K.
+    #[arg(
+        long,
+        env = "SPECULA_SPEC_POLICY",
+        value_enum,
+        default_value = SpecPolicy::default().name()
+    )]
     pub spec_policy: SpecPolicy,
+    /// Draft proposer: `suffix` (suffix trees over the request and recent outputs, so answers
+    /// repeated across requests are drafted too) or `ngram` (prompt lookup).
+    #[arg(long, env = "SPECULA_PROPOSER", value_enum, default_value = ProposerKind::default().name())]
     pub proposer: ProposerKind,
+    /// Shortest suffix the n-gram proposer matches.
+    #[arg(long, env = "SPECULA_NGRAM_MIN", default_value_t = DEFAULT_NGRAM_MIN)]
     pub ngram_min: usize,
+    /// Longest suffix the n-gram proposer matches (tried first).
+    #[arg(long, env = "SPECULA_NGRAM_MAX", default_value_t = DEFAULT_NGRAM_MAX)]
     pub ngram_max: usize,
+    #[command(flatten)]
     pub suffix: SuffixConfig,
+    /// Most sequences running at once.
+    #[arg(long, env = "SPECULA_MAX_NUM_SEQS", default_value_t = DEFAULT_MAX_NUM_SEQS)]
     pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
+    /// Most positions (prompt + output) per sequence; clamped to the model and the cache.
+    #[arg(long, env = "SPECULA_MAX_MODEL_LEN", default_value_t = DEFAULT_MAX_MODEL_LEN)]
     pub max_model_len: usize,
-    /// Bound on the waiting queue; beyond it requests are refused as overloaded.
+    /// Token budget of one step (prompt tokens plus K+1 per running sequence).
+    #[arg(long, env = "SPECULA_MAX_NUM_BATCHED_TOKENS",
+          default_value_t = DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    pub max_num_batched_tokens: usize,
+    /// Waiting-queue bound; beyond it requests are refused as overloaded.
+    #[arg(long, env = "SPECULA_MAX_WAITING", default_value_t = DEFAULT_MAX_WAITING)]
     pub max_waiting: usize,
-    /// Automatic prefix caching: a request whose prompt starts with full blocks that an earlier
-    /// prompt computed shares their cache instead of recomputing them.
+    /// Automatic prefix caching: prompts that start with the same full KV blocks as an earlier
+    /// prompt share that prompt's cache instead of computing it again (`false` turns it off).
+    #[arg(long, env = "SPECULA_PREFIX_CACHING", default_value_t = DEFAULT_PREFIX_CACHING,
+          action = clap::ArgAction::Set)]
     pub prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            num_spec_tokens: 4,
+            num_spec_tokens: DEFAULT_NUM_SPEC_TOKENS,
             spec_policy: SpecPolicy::default(),
             proposer: ProposerKind::default(),
-            ngram_min: 1,
-            ngram_max: 4,
+            ngram_min: DEFAULT_NGRAM_MIN,
+            ngram_max: DEFAULT_NGRAM_MAX,
             suffix: SuffixConfig::default(),
-            max_num_seqs: 16,
-            max_num_batched_tokens: 2048,
-            max_model_len: 2048,
-            max_waiting: 1024,
-            prefix_caching: true,
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
+            max_waiting: DEFAULT_MAX_WAITING,
+            prefix_caching: DEFAULT_PREFIX_CACHING,
         }
     }
 }

@@ -31,20 +31,31 @@ const GLOBAL_MAX_TOKENS: usize = 1 << 19;
 /// (the least recently used one goes, and is rebuilt if its sequence comes back).
 const MAX_REQUEST_TRIES: usize = 1024;
 
-/// The suffix proposer's knobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Default of `--suffix-max-depth`.
+pub const DEFAULT_SUFFIX_MAX_DEPTH: usize = 24;
+/// Default of `--suffix-cache-outputs`.
+pub const DEFAULT_SUFFIX_CACHE_OUTPUTS: usize = 256;
+
+/// The suffix proposer's knobs, also the worker's `--suffix-*` options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct SuffixConfig {
-    /// Longest string the tries hold (match plus draft); at least 2.
+    /// Suffix proposer: longest string its tries hold (matched suffix plus draft), at least 2.
+    #[arg(long = "suffix-max-depth", value_name = "SUFFIX_MAX_DEPTH",
+          env = "SPECULA_SUFFIX_MAX_DEPTH", default_value_t = DEFAULT_SUFFIX_MAX_DEPTH,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=256))]
     pub max_depth: usize,
-    /// Finished outputs the global trie holds; 0 drafts from each request's own tokens only.
+    /// Suffix proposer: finished outputs kept in its global trie (0: each request drafts from
+    /// its own tokens only).
+    #[arg(long = "suffix-cache-outputs", value_name = "SUFFIX_CACHE_OUTPUTS",
+          env = "SPECULA_SUFFIX_CACHE_OUTPUTS", default_value_t = DEFAULT_SUFFIX_CACHE_OUTPUTS)]
     pub max_cached_outputs: usize,
 }
 
 impl Default for SuffixConfig {
     fn default() -> Self {
         Self {
-            max_depth: 24,
-            max_cached_outputs: 256,
+            max_depth: DEFAULT_SUFFIX_MAX_DEPTH,
+            max_cached_outputs: DEFAULT_SUFFIX_CACHE_OUTPUTS,
         }
     }
 }

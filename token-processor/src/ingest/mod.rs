@@ -9,7 +9,10 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use state::{Ingest, IngestConfig, IngestStats, WorkerEntry, WorkerView, MAX_SPEC_TOKENS};
+pub use state::{
+    Ingest, IngestConfig, IngestStats, WorkerEntry, WorkerView, DEFAULT_MAX_REQUESTS_PER_WORKER,
+    DEFAULT_MAX_WORKERS, MAX_SPEC_TOKENS,
+};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -43,6 +43,11 @@ use crate::tracker::{Clock, Figures, Observations, Outbox, RequestClasses, Track
 
 pub use proto::worker_tp::MAX_SPEC_TOKENS;
 
+/// Default in-flight requests per worker (`--max-requests`).
+pub const DEFAULT_MAX_REQUESTS_PER_WORKER: usize = 65_536;
+/// Default workers tracked at once (`--max-workers`).
+pub const DEFAULT_MAX_WORKERS: usize = 256;
+
 #[derive(Debug, Clone)]
 pub struct IngestConfig {
     /// In-flight requests per worker; beyond it new requests fail explicitly.
@@ -56,8 +61,8 @@ pub struct IngestConfig {
 impl Default for IngestConfig {
     fn default() -> Self {
         Self {
-            max_requests_per_worker: 65_536,
-            max_workers: 256,
+            max_requests_per_worker: DEFAULT_MAX_REQUESTS_PER_WORKER,
+            max_workers: DEFAULT_MAX_WORKERS,
             classes: Arc::default(),
         }
     }
