@@ -8,15 +8,13 @@ use std::time::Duration;
 use anyhow::Context;
 use api_server::auth::ApiKey;
 use api_server::body::BodyLimits;
-use api_server::engine::admission::AdmissionBound;
-use api_server::engine::{EngineClient, EngineClientConfig};
+use api_server::engine::{EngineClient, EngineClientConfig, EngineOptions};
 use api_server::memory::IdleTrim;
 use api_server::model::ModelAssets;
 use api_server::openai::validate::Limits;
 use api_server::request_class::RequestClasses;
 use api_server::routes::{router, AppState};
 use clap::Parser;
-use link::ipc::{default_tp_api_endpoint, default_worker_endpoint};
 
 /// OpenAI-compatible API for specula: completions and chat with per-request speculative
 /// decoding figures.
@@ -36,17 +34,6 @@ struct Args {
     /// quantization tag; the --model argument as given is accepted too, as vLLM does).
     #[arg(long, env = "SPECULA_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
-    /// Engine-worker endpoints (their ROUTER sockets), comma-separated.
-    #[arg(
-        long,
-        env = "SPECULA_WORKER_ENDPOINTS",
-        value_delimiter = ',',
-        default_values_t = [default_worker_endpoint()]
-    )]
-    worker_endpoints: Vec<String>,
-    /// The token-processor's endpoint for api-servers (its ROUTER socket).
-    #[arg(long, env = "SPECULA_TP_ENDPOINT", default_value_t = default_tp_api_endpoint())]
-    tp_endpoint: String,
     /// Require `Authorization: Bearer <key>` on every route but /health.
     #[arg(long, env = "SPECULA_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -56,19 +43,6 @@ struct Args {
     /// Upper bound on any request's duration; past it the request is aborted with an error.
     #[arg(long, env = "SPECULA_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
     request_timeout_secs: u64,
-    /// A request without output for this long is checked with its worker, and ends with an
-    /// error if the worker no longer holds it (a lost output never leaves it waiting).
-    #[arg(long, env = "SPECULA_STALL_TIMEOUT_SECS", default_value_t = 30)]
-    stall_timeout_secs: u64,
-    /// While the token-processor is gone (restarting, paused), in-flight requests wait this long
-    /// for it before they end with an error; its restart replays their outputs from the
-    /// workers. New requests get a 503 meanwhile.
-    #[arg(long, env = "SPECULA_TP_OUTAGE_WINDOW_SECS", default_value_t = 30)]
-    tp_outage_window_secs: u64,
-    /// This api-server's stable name; workers and the token-processor route its outputs by it
-    /// (default: `api-<port>`, unique per host).
-    #[arg(long, env = "SPECULA_API_SERVER_ID")]
-    api_server_id: Option<String>,
     /// A client must send a request's headers within this many seconds, also the idle limit of
     /// a kept-alive connection (a silent or slow client cannot hold a connection).
     #[arg(long, env = "SPECULA_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
@@ -82,27 +56,6 @@ struct Args {
     /// retransmission (1 s) before the server sees it.
     #[arg(long, env = "SPECULA_LISTEN_BACKLOG", default_value_t = 4096)]
     listen_backlog: u32,
-    /// Engine sequences (prompts × n of every request) admitted at once; past it a request
-    /// waits `--admission-wait-ms`, then gets a 429. 0: four times what the live workers' KV
-    /// caches hold at full context, as they report it.
-    #[arg(long, env = "SPECULA_MAX_SEQUENCES_IN_FLIGHT", default_value_t = 0)]
-    max_sequences_in_flight: usize,
-    /// How long a request may wait for room under the admission bound before its 429.
-    #[arg(
-        long,
-        env = "SPECULA_ADMISSION_WAIT_MS",
-        default_value_t = api_server::engine::DEFAULT_ADMISSION_WAIT.as_millis() as u64
-    )]
-    admission_wait_ms: u64,
-    /// Of the admission bound, what one request holds at once (its other choices start as its
-    /// first ones end), and what one client (API key, else address) holds while another waits.
-    #[arg(
-        long,
-        env = "SPECULA_MAX_REQUEST_SHARE",
-        default_value_t = api_server::engine::admission::DEFAULT_REQUEST_SHARE,
-        value_parser = parse_share
-    )]
-    max_request_share: f64,
     /// A streamed response whose client reads nothing for this many seconds is dropped: its
     /// sequences are aborted and their room under the admission bound given back.
     #[arg(long, env = "SPECULA_STREAM_WRITE_TIMEOUT_SECS", default_value_t = 30)]
@@ -131,15 +84,9 @@ struct Args {
     #[arg(long, env = "SPECULA_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     shutdown_grace_secs: u64,
     #[command(flatten)]
+    engine: EngineOptions,
+    #[command(flatten)]
     service: link::service::ServiceArgs,
-}
-
-/// A share of the admission bound: a number in (0, 1].
-fn parse_share(value: &str) -> Result<f64, String> {
-    match value.parse::<f64>() {
-        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
-        _ => Err(format!("{value:?} is not a share in (0, 1]")),
-    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -156,11 +103,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    if args.worker_endpoints.is_empty() {
+    if args.engine.worker_endpoints.is_empty() {
         anyhow::bail!("--worker-endpoints must name at least one engine-worker");
     }
     let (model, max_model_len) = load_model(&args)?;
     let api_server_id = args
+        .engine
         .api_server_id
         .clone()
         .unwrap_or_else(|| link::identity::default_id("api", &format!("port-{}", args.port)));
@@ -182,8 +130,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(
         %addr,
         %api_server_id,
-        workers = args.worker_endpoints.len(),
-        tp = %args.tp_endpoint,
+        workers = args.engine.worker_endpoints.len(),
+        tp = %args.engine.tp_endpoint,
         "listening"
     );
     tokio::spawn(api_server::notify::run(engine.clone()));
@@ -212,29 +160,13 @@ fn load_model(args: &Args) -> anyhow::Result<(ModelAssets, u32)> {
 }
 
 fn engine_config(args: &Args, api_server_id: String) -> anyhow::Result<EngineClientConfig> {
-    let mut engine_config = EngineClientConfig::new(
-        args.worker_endpoints.clone(),
-        args.tp_endpoint.clone(),
-        api_server_id,
-    );
-    engine_config.liveness = args.service.liveness();
-    let endpoints: Vec<&str> = args
-        .worker_endpoints
-        .iter()
-        .map(String::as_str)
-        .chain([args.tp_endpoint.as_str()])
-        .collect();
-    engine_config.link_secret =
-        link::auth::secret_for(args.service.link_secret_file.as_ref(), &endpoints)?;
-    engine_config.stall_timeout = Duration::from_secs(args.stall_timeout_secs.max(1));
-    engine_config.tp_outage_window = Duration::from_secs(args.tp_outage_window_secs);
-    engine_config.admission = match args.max_sequences_in_flight {
-        0 => AdmissionBound::Auto,
-        n => AdmissionBound::Fixed(n),
-    };
-    engine_config.admission_wait = Duration::from_millis(args.admission_wait_ms);
-    engine_config.request_share = args.max_request_share;
-    Ok(engine_config)
+    let secret = link::auth::secret_for(
+        args.service.link_secret_file.as_ref(),
+        &args.engine.endpoints(),
+    )?;
+    Ok(args
+        .engine
+        .client_config(api_server_id, args.service.liveness(), secret))
 }
 
 fn app_state(

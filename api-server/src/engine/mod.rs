@@ -11,6 +11,7 @@ pub mod admission;
 pub mod client;
 pub mod ids;
 pub mod links;
+pub mod options;
 pub mod peers;
 pub mod registry;
 pub(crate) mod shared;
@@ -30,6 +31,7 @@ use proto::{FinishReason, SpeculateMetrics};
 use crate::error::ApiError;
 
 pub use client::{EngineClient, RequestHandle};
+pub use options::EngineOptions;
 
 /// What the routes need of an engine. [`EngineClient`] is the real one; route tests use an
 /// in-process fake. Both calls that wait return `Send` futures, so handlers stay `Send`.
@@ -118,8 +120,8 @@ impl EngineClientConfig {
             tp_endpoint,
             api_server_id,
             liveness: Liveness::default(),
-            stall_timeout: Duration::from_secs(30),
-            tp_outage_window: Duration::from_secs(30),
+            stall_timeout: Duration::from_secs(options::DEFAULT_STALL_TIMEOUT_SECS),
+            tp_outage_window: Duration::from_secs(options::DEFAULT_TP_OUTAGE_WINDOW_SECS),
             max_in_flight: 4096,
             admission: AdmissionBound::Auto,
             admission_wait: DEFAULT_ADMISSION_WAIT,
