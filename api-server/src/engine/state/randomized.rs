@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use proto::api_worker::{ApiToWorker, RejectReason, WorkerToApi};
+use proto::api_worker::{Abort, ApiToWorker, RejectReason, WorkerToApi};
 use proto::tp_api::{OutputError, OutputErrorKind, TpToApi};
 use proto::{FinishReason, RequestId};
 use rand::rngs::StdRng;
@@ -340,13 +340,9 @@ impl Run {
         let effects = self.state.withdraw(id);
         let request = self.requests.get_mut(&id).unwrap();
         request.withdrawn |= in_flight;
-        let expected = in_flight.then(|| {
-            (
-                request.worker,
-                ApiToWorker::Abort(proto::api_worker::Abort { id }),
-            )
-        });
-        assert_eq!(effects.to_workers, expected.into_iter().collect::<Vec<_>>());
+        let abort = (request.worker, ApiToWorker::Abort(Abort { id }));
+        let expected: Vec<_> = in_flight.then_some(abort).into_iter().collect();
+        assert_eq!(effects.to_workers, expected, "seed {}", self.seed);
     }
 
     fn connect(&mut self) {
