@@ -247,10 +247,11 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn output(
+    /// An output of `tokens` from `first_index` (the engine state's tests use it too).
+    pub(crate) fn output(
         id: RequestId,
         first_index: u32,
         tokens: &[u32],

@@ -3,12 +3,13 @@
 use std::time::{Duration, Instant};
 
 use proto::api_worker::{Abort, ApiToWorker, RejectReason, WorkerToApi};
-use proto::tp_api::{RequestOutput, TpHello, TpToApi};
+use proto::tp_api::{TpHello, TpToApi};
 use proto::worker_tp::{Heartbeat, WorkerHello};
 use proto::{FinishReason, RequestId};
 use tokio::sync::mpsc;
 
 use super::{EngineState, Reply, SubmitRefused};
+pub(super) use crate::engine::registry::tests::output;
 use crate::engine::{EngineClientConfig, EngineEvent, EngineFailure};
 
 pub(super) const INTERVAL: Duration = Duration::from_millis(100);
@@ -62,25 +63,6 @@ pub(super) fn tp_hello(epoch: u64, workers: &[&str]) -> TpToApi {
         epoch,
         workers: workers.iter().map(|w| w.to_string()).collect(),
     })
-}
-
-pub(super) fn output(
-    id: RequestId,
-    first_index: u32,
-    tokens: &[u32],
-    finish: Option<FinishReason>,
-) -> RequestOutput {
-    RequestOutput {
-        id,
-        first_index,
-        tokens: tokens.to_vec(),
-        finish,
-        usage: None,
-        speculate_metrics: None,
-        error: None,
-        logprobs: Vec::new(),
-        prompt_logprobs: Vec::new(),
-    }
 }
 
 fn abort(worker: usize, id: RequestId) -> (usize, ApiToWorker) {
