@@ -18,13 +18,18 @@ scripts/setup-python.sh       # .venv with the official openai client
 # Tools installed above are required from here on: a test that cannot find one fails.
 export SPECULA_REQUIRE_TOOLS=1
 
-# Binaries the cross-process tests spawn, then every test of the workspace.
-cargo build --workspace --bins
+# Binaries the cross-process tests spawn, then every test of the workspace. The binaries are
+# built together with the tests: built alone, their dependencies resolve other features (no
+# dev-dependencies) and a clean clone compiles much of the workspace twice.
+cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast "$@"
 # The CUDA backend's tests that need no GPU: the kernels compile with NVRTC (fails if libnvrtc is
 # missing), the batch layout, device names and weight packing, and the host reference the GPU
 # parity tests trust, against the CPU backend. (The GPU tests themselves run in
-# scripts/gpu-check.sh on a machine with one.)
-cargo test -p engine-worker --features cuda --test cuda_nvrtc nvrtc
-cargo test -p engine-worker --features cuda --lib backend::cuda
-cargo test -p engine-worker --features cuda --test cuda_parity cuda_reference_matches_cpu_backend
+# scripts/gpu-check.sh on a machine with one.) `--workspace` keeps the dependencies' features
+# those of the build above (`-p engine-worker` alone resolves others, and rebuilds serde, tokio,
+# hyper and all that uses them); only engine-worker is compiled again, with `cuda`.
+cuda=(--workspace --features engine-worker/cuda)
+cargo test "${cuda[@]}" --test cuda_nvrtc nvrtc
+cargo test "${cuda[@]}" --lib backend::cuda
+cargo test "${cuda[@]}" --test cuda_parity cuda_reference_matches_cpu_backend

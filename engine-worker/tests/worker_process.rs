@@ -125,8 +125,10 @@ async fn recv_api(api: &mut Api, wait: Duration) -> Option<WorkerToApi> {
     tokio::time::timeout(wait, api.inbox.recv()).await.ok()?
 }
 
+/// Queues `msg` for the worker. Once the worker has exited (after its drain) the socket task has
+/// ended and there is no one to send to: the caller still reads what the worker said last.
 async fn send_api(api: &mut Api, msg: &ApiToWorker) {
-    api.send.send(msg.clone()).unwrap();
+    let _ = api.send.send(msg.clone());
 }
 
 /// Sends `heartbeat` until the worker's heartbeat reports `want` retained requests.

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use link::liveness::Heard;
+use link::peers::{dialed_heard, dialed_hello_rule, HelloRule, Holder};
 use link::{Liveness, PeerClock};
 use proto::tp_api::TpHello;
 use proto::worker_tp::{Heartbeat, WorkerHello};
@@ -90,13 +91,19 @@ impl WorkerPeer {
         Liveness::from_peer_interval_ms(self.hello.as_ref().map_or(0, |h| h.heartbeat_interval_ms))
     }
 
-    /// Records a hello; returns true when it shows a restart (new epoch), whose requests are
-    /// gone.
+    /// The worker as the holder of its id, for the hello rule (None before its first hello).
+    pub fn holder(&self) -> Option<Holder> {
+        self.hello.as_ref().map(|h| Holder {
+            epoch: h.epoch,
+            silent: !self.alive(),
+        })
+    }
+
+    /// Records a hello; returns true when it shows a restart (link's dialed-peer rule: a new
+    /// epoch at the endpoint), whose requests are gone.
     pub fn on_hello(&mut self, hello: WorkerHello, now: Instant) -> bool {
-        let restarted = self
-            .hello
-            .as_ref()
-            .is_some_and(|old| old.epoch != hello.epoch);
+        let rule = dialed_hello_rule(self.hello.as_ref().map(|h| h.epoch), hello.epoch);
+        let restarted = rule == HelloRule::Restart;
         self.accepting = hello.ready;
         self.hello = Some(hello);
         self.clock.hello(now);
@@ -113,10 +120,8 @@ impl WorkerPeer {
     /// A heartbeat counts only from a live worker of the hello's epoch; anything else (declared
     /// dead, another epoch) asks for a hello, and only the hello makes a worker alive.
     pub fn on_heartbeat(&mut self, hb: &Heartbeat, now: Instant) -> Heard {
-        if self.hello.as_ref().is_none_or(|h| h.epoch != hb.epoch) {
-            return Heard::AskHello;
-        }
-        let heard = self.clock.heard(now);
+        let known_epoch = self.hello.as_ref().map(|h| h.epoch);
+        let heard = dialed_heard(&mut self.clock, known_epoch, hb.epoch, now);
         if heard == Heard::Known {
             self.accepting = hb.accepting;
             self.reported_load = hb.running.saturating_add(hb.waiting);
@@ -165,10 +170,14 @@ impl TpPeer {
         self.clock.is_alive()
     }
 
-    pub fn on_hello(&mut self, hello: TpHello, now: Instant) {
+    /// Records a hello; returns what it means under link's dialed-peer rule (a new epoch is a
+    /// restart).
+    pub fn on_hello(&mut self, hello: TpHello, now: Instant) -> HelloRule {
+        let rule = dialed_hello_rule(self.hello.as_ref().map(|h| h.epoch), hello.epoch);
         self.hello = Some(hello);
         self.clock.hello(now);
         self.refused = None;
+        rule
     }
 
     /// The token-processor refused our hello: not alive until it accepts one.

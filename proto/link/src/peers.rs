@@ -17,13 +17,18 @@
 //!   else is answered with an ask for a hello (rule 2);
 //! - a sweep removes the peers silent past the window, unless this process itself was paused
 //!   (rule 3: then every clock restarts).
+//!
+//! A peer this process dials (the api-server's workers and token-processor) is the process that
+//! holds the endpoint: [`dialed_hello_rule`] has no duplicate to refuse, and a new epoch is a
+//! restart at once. A name held at two endpoints is the one duplicate there, refused by
+//! [`hello_rule`] with the endpoints' peers as holders.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::liveness::{Heard, Liveness, Sweep, Sweeper};
+use crate::liveness::{Heard, Liveness, PeerClock, Sweep, Sweeper};
 
 /// Why a hello is refused when another live process holds the name: the text every process
 /// sends and logs. `role` names the kind of process ("worker", "api-server"), `flag` the option
@@ -63,6 +68,34 @@ pub fn hello_rule(holder: Option<Holder>, epoch: u64) -> HelloRule {
         Some(holder) if holder.epoch == epoch => HelloRule::SameProcess,
         Some(holder) if !holder.silent => HelloRule::RefuseDuplicate,
         Some(_) => HelloRule::Restart,
+    }
+}
+
+/// The hello rule for a peer this process dials: `known_epoch` of the endpoint's last hello (None:
+/// none yet), `epoch` of this one. Only one live process can hold an endpoint (a bound port or
+/// socket path), so another epoch means the old process is gone, even within the liveness window
+/// (a supervisor restarts faster than that): never [`HelloRule::RefuseDuplicate`].
+pub fn dialed_hello_rule(known_epoch: Option<u64>, epoch: u64) -> HelloRule {
+    match known_epoch {
+        None => HelloRule::Admit,
+        Some(known) if known == epoch => HelloRule::SameProcess,
+        Some(_) => HelloRule::Restart,
+    }
+}
+
+/// Rule 2 for a dialed peer's message that names its epoch (a heartbeat): heard only if it is of
+/// the epoch of the endpoint's hello (`known_epoch`) and the peer is alive; otherwise ask for a
+/// hello.
+pub fn dialed_heard(
+    clock: &mut PeerClock,
+    known_epoch: Option<u64>,
+    epoch: u64,
+    now: Instant,
+) -> Heard {
+    if known_epoch == Some(epoch) {
+        clock.heard(now)
+    } else {
+        Heard::AskHello
     }
 }
 
@@ -272,6 +305,25 @@ mod tests {
         assert_eq!(hello_rule(held(1, true), 1), HelloRule::SameProcess);
         assert_eq!(hello_rule(held(1, false), 2), HelloRule::RefuseDuplicate);
         assert_eq!(hello_rule(held(1, true), 2), HelloRule::Restart);
+    }
+
+    #[test]
+    fn the_dialed_hello_rule_has_no_duplicate_and_restarts_at_once() {
+        assert_eq!(dialed_hello_rule(None, 1), HelloRule::Admit);
+        assert_eq!(dialed_hello_rule(Some(1), 1), HelloRule::SameProcess);
+        assert_eq!(dialed_hello_rule(Some(1), 2), HelloRule::Restart);
+    }
+
+    #[test]
+    fn a_dialed_peer_is_heard_only_alive_and_of_its_hellos_epoch() {
+        let t0 = Instant::now();
+        let mut clock = PeerClock::default();
+        assert_eq!(dialed_heard(&mut clock, None, 1, t0), Heard::AskHello);
+        clock.hello(t0);
+        assert_eq!(dialed_heard(&mut clock, Some(1), 1, t0), Heard::Known);
+        assert_eq!(dialed_heard(&mut clock, Some(1), 2, t0), Heard::AskHello);
+        clock.kill();
+        assert_eq!(dialed_heard(&mut clock, Some(1), 1, t0), Heard::AskHello);
     }
 
     #[test]

@@ -15,9 +15,11 @@ mod tests;
 
 use std::time::{Duration, Instant};
 
+use link::peers::{hello_rule, HelloRule};
 use link::{Sweep, Sweeper};
 use proto::api_worker::WorkerToApi;
 use proto::tp_api::{RequestOutput, TpToApi};
+use proto::worker_tp::WorkerHello;
 use proto::RequestId;
 use tokio::sync::mpsc;
 
@@ -202,7 +204,7 @@ impl EngineState {
                     max_model_len = hello.max_model_len,
                     "engine-worker said hello"
                 );
-                if let Some(other) = self.live_holder_of(&hello.worker_id, worker) {
+                if let Some(other) = self.duplicate_holder_of(&hello, worker) {
                     tracing::error!(worker, other, worker_id = %hello.worker_id, "engine-worker refused: another live engine-worker holds this id");
                     let reason = format!(
                         "{} (the live one is at {})",
@@ -242,13 +244,15 @@ impl EngineState {
         effects
     }
 
-    /// Another live worker link whose worker holds `worker_id`.
-    fn live_holder_of(&self, worker_id: &str, worker: usize) -> Option<usize> {
-        self.workers
-            .iter()
-            .enumerate()
-            .find(|(i, w)| *i != worker && w.alive() && w.worker_id() == Some(worker_id))
-            .map(|(i, _)| i)
+    /// Another worker link whose worker holds the hello's id, where link's hello rule refuses the
+    /// hello as a duplicate (that holder is alive, of another epoch).
+    fn duplicate_holder_of(&self, hello: &WorkerHello, worker: usize) -> Option<usize> {
+        self.workers.iter().enumerate().position(|(i, w)| {
+            let holder = w
+                .holder()
+                .filter(|_| i != worker && w.worker_id() == Some(&hello.worker_id));
+            holder.is_some() && hello_rule(holder, hello.epoch) == HelloRule::RefuseDuplicate
+        })
     }
 
     /// A worker that refused us, or that we refused, is not alive for us: its requests end
@@ -301,17 +305,17 @@ impl EngineState {
                     tracing::error!(error = %e, "token-processor speaks another protocol");
                     return effects;
                 }
-                let tp = &self.tp;
-                let new_epoch = tp.hello.as_ref().is_some_and(|h| h.epoch != hello.epoch);
-                let changed = tp
-                    .hello
-                    .as_ref()
-                    .is_none_or(|h| h.epoch != hello.epoch || h.workers != hello.workers);
-                let back = tp.hello.is_some() && (!tp.alive() || new_epoch);
-                if !tp.alive() || changed {
-                    tracing::info!(epoch = hello.epoch, workers = ?hello.workers, "token-processor said hello");
+                let was_alive = self.tp.alive();
+                let workers_changed =
+                    self.tp.hello.as_ref().map(|h| &h.workers) != Some(&hello.workers);
+                let (epoch, workers) = (hello.epoch, hello.workers.clone());
+                let rule = self.tp.on_hello(hello, now);
+                // Back: restarted, or alive again after we declared it dead (or it refused us).
+                let back =
+                    rule == HelloRule::Restart || (rule == HelloRule::SameProcess && !was_alive);
+                if back || rule == HelloRule::Admit || workers_changed {
+                    tracing::info!(epoch, ?workers, "token-processor said hello");
                 }
-                self.tp.on_hello(hello, now);
                 if back {
                     self.tp_back(now, &mut effects);
                 }
