@@ -162,7 +162,7 @@ impl BlockAllocator {
     ) -> Option<BlockLink> {
         let mut parent = parent;
         for (chunk, &block) in tokens.chunks_exact(self.block_size).zip(table) {
-            debug_assert!(self.is_allocated(block), "only held blocks are registered");
+            assert!(self.is_allocated(block), "only held blocks are registered");
             let cached = match self.prefixes.find(parent, chunk) {
                 Some(cached) => cached,
                 None => {

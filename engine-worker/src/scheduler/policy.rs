@@ -193,7 +193,7 @@ impl Scheduler {
             seq.blocks.share_prefix(&mut self.alloc, &cached);
             seq.num_computed = computed;
             let reserved = seq.blocks.reserve(&mut self.alloc, positions);
-            debug_assert!(reserved, "free blocks checked above");
+            assert!(reserved, "free blocks checked above");
             if !seq.prefilled {
                 seq.cached_prompt_tokens = computed;
                 self.prefix_stats.queried_tokens += seq.prompt_len as u64;

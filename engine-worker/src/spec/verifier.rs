@@ -90,7 +90,7 @@ pub fn verify_masked(
     history: &History<'_>,
     masks: &[Mask],
 ) -> Verification {
-    debug_assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
+    assert_eq!(logits.len(), (drafts.len() + 1) * vocab);
     let mut processing = Processing::new(&params.processors, history);
     let mut processed = Vec::new();
     let greedy = is_greedy(params);

@@ -120,7 +120,7 @@ impl KvCache {
         k: &[f32],
         v: &[f32],
     ) {
-        debug_assert_eq!(R::DTYPE, self.dtype);
+        assert_eq!(R::DTYPE, self.dtype);
         let (hd, rb) = (self.head_dim, self.row_bytes);
         for h in 0..self.kv_heads {
             let at = self.offset(block, h, slot);

@@ -17,7 +17,7 @@ pub(super) unsafe fn attend<const HD: usize, R: KvRow>(
     o: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
-    debug_assert!(HD.is_multiple_of(8) && s.head_dim == HD && o.len() == HD);
+    assert!(HD.is_multiple_of(8) && s.head_dim == HD && o.len() == HD);
     let chunks = HD / 8;
     let Item {
         q,

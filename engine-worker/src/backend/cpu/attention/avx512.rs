@@ -208,7 +208,7 @@ pub(super) unsafe fn attention<const HD: usize, R: KvRow>(
     out: &mut [f32],
     parallel: bool,
 ) {
-    debug_assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD);
+    assert!(HD.is_multiple_of(16) && HD <= 128 && s.head_dim == HD);
     assert_eq!(out.len(), s.q.len(), "attention output");
     let threads = if parallel {
         rayon::current_num_threads()

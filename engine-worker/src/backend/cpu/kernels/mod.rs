@@ -249,7 +249,7 @@ pub(crate) unsafe fn matmul_rows_into(
     out: OutColumns,
 ) {
     let cols = w.cols;
-    debug_assert_eq!(x.len(), tokens * cols);
+    assert_eq!(x.len(), tokens * cols);
     assert!(rows.len() <= out.token_stride, "output columns");
     let isa = isa_for(isa, w);
     let rb = w.row_bytes();
