@@ -27,18 +27,21 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// `cargo build --workspace --bins` in this test's profile (a no-op when up to date).
+/// `cargo build --workspace --bins --tests` in this test's profile: a no-op after
+/// `scripts/test.sh`'s build or `cargo test --workspace`. With `--bins` alone the dependencies
+/// resolve other features (no dev-dependencies), and this rebuilt much of the workspace inside
+/// the first test that started a stack (4 to 5 minutes on the 2-core machine).
 fn build_binaries() {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let mut cmd = std::process::Command::new(env!("CARGO"));
-    cmd.args(["build", "--workspace", "--bins", "--quiet"])
+    cmd.args(["build", "--workspace", "--bins", "--tests", "--quiet"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
     if profile_dir.file_name().is_some_and(|p| p == "release") {
         cmd.arg("--release");
     }
     let status = cmd.status().expect("running cargo build");
-    assert!(status.success(), "cargo build --workspace --bins failed");
+    assert!(status.success(), "cargo build --workspace --bins --tests failed");
 }
 
 /// A loopback TCP port that was free a moment ago.

@@ -58,7 +58,8 @@ for patch in "${patches[@]}"; do
     applied="$patch"
     started=$SECONDS
     echo "== $name: $(header "$patch" mutation)" >&2
-    if ! cargo build --workspace --bins >"$log" 2>&1; then
+    # The features of `cargo test --workspace` (with `--bins` alone they resolve others).
+    if ! cargo build --workspace --bins --tests >"$log" 2>&1; then
         outcome="build failed"
     elif timeout "$test_timeout" bash -c "$test_cmd" >>"$log" 2>&1; then
         outcome="MISSED"
