@@ -41,7 +41,10 @@ fn build_binaries() {
         cmd.arg("--release");
     }
     let status = cmd.status().expect("running cargo build");
-    assert!(status.success(), "cargo build --workspace --bins --tests failed");
+    assert!(
+        status.success(),
+        "cargo build --workspace --bins --tests failed"
+    );
 }
 
 /// A loopback TCP port that was free a moment ago.
