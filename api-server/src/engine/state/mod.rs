@@ -248,10 +248,9 @@ impl EngineState {
     /// hello as a duplicate (that holder is alive, of another epoch).
     fn duplicate_holder_of(&self, hello: &WorkerHello, worker: usize) -> Option<usize> {
         self.workers.iter().enumerate().position(|(i, w)| {
-            let holder = w
-                .holder()
-                .filter(|_| i != worker && w.worker_id() == Some(&hello.worker_id));
-            holder.is_some() && hello_rule(holder, hello.epoch) == HelloRule::RefuseDuplicate
+            i != worker
+                && w.worker_id() == Some(&hello.worker_id)
+                && hello_rule(w.holder(), hello.epoch) == HelloRule::RefuseDuplicate
         })
     }
 
@@ -308,13 +307,14 @@ impl EngineState {
                 let was_alive = self.tp.alive();
                 let workers_changed =
                     self.tp.hello.as_ref().map(|h| &h.workers) != Some(&hello.workers);
-                let (epoch, workers) = (hello.epoch, hello.workers.clone());
                 let rule = self.tp.on_hello(hello, now);
                 // Back: restarted, or alive again after we declared it dead (or it refused us).
                 let back =
                     rule == HelloRule::Restart || (rule == HelloRule::SameProcess && !was_alive);
-                if back || rule == HelloRule::Admit || workers_changed {
-                    tracing::info!(epoch, ?workers, "token-processor said hello");
+                if let Some(h) = self.tp.hello.as_ref() {
+                    if back || rule == HelloRule::Admit || workers_changed {
+                        tracing::info!(epoch = h.epoch, workers = ?h.workers, "token-processor said hello");
+                    }
                 }
                 if back {
                     self.tp_back(now, &mut effects);
