@@ -201,6 +201,8 @@ async fn a_worker_with_k_above_the_limit_refuses_to_start_and_says_why() {
             .args(["--num-spec-tokens", "65"])
             .args(["--api-endpoint", "tcp://127.0.0.1:0"])
             .env_remove("NOTIFY_SOCKET")
+            // A worker that does start (the bug this guards against) ends with the test.
+            .kill_on_drop(true)
             .output(),
     )
     .await

@@ -18,7 +18,7 @@ fn spawn(
     port: u16,
     extra: &[&str],
     notify: Option<&std::path::Path>,
-) -> Child {
+) -> ApiServer {
     let mut cmd = Command::new(BIN);
     cmd.arg("--model")
         .arg(support::model_path())
@@ -36,11 +36,21 @@ fn spawn(
     if let Some(path) = notify {
         cmd.env("NOTIFY_SOCKET", path);
     }
-    cmd.spawn().unwrap()
+    ApiServer(cmd.spawn().unwrap())
+}
+
+/// The api-server under test, killed when dropped: a failing assertion leaves no process behind.
+struct ApiServer(Child);
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The api-server with one setting in whole seconds (what a test derives its bounds from).
-fn spawn_with(engine: &FakeEngine, port: u16, flag: &str, setting: Duration) -> Child {
+fn spawn_with(engine: &FakeEngine, port: u16, flag: &str, setting: Duration) -> ApiServer {
     spawn(engine, port, &[flag, &setting.as_secs().to_string()], None)
 }
 
@@ -57,18 +67,18 @@ async fn wait_healthy(port: u16) {
     .await;
 }
 
-fn sigterm(child: &Child) {
+fn sigterm(child: &ApiServer) {
     assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap()
         .success());
 }
 
-async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<i32> {
+async fn wait_exit(child: &mut ApiServer, timeout: Duration) -> Option<i32> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.0.try_wait().unwrap() {
             return status.code();
         }
         assert!(
@@ -108,7 +118,7 @@ async fn notifies_systemd_ready_once_healthy() {
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let port = support::free_port();
-    let mut child = spawn(&engine, port, &[], Some(&path));
+    let child = spawn(&engine, port, &[], Some(&path));
     let message = tokio::task::spawn_blocking(move || {
         let mut buf = [0u8; 256];
         let n = socket.recv(&mut buf).expect("a notification");
@@ -122,8 +132,7 @@ async fn notifies_systemd_ready_once_healthy() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
