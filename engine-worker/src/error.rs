@@ -63,6 +63,12 @@ pub enum EngineError {
         target: String,
         reason: String,
     },
+    #[error("draft head {head} cannot draft for {target}: {reason}")]
+    DraftHeadMismatch {
+        head: String,
+        target: String,
+        reason: String,
+    },
     #[error("cannot name the proposer: {0}; rename the draft file")]
     ProposerName(String),
     #[error("cannot create trace {path}: {source}")]

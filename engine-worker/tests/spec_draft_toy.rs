@@ -274,7 +274,7 @@ fn a_draft_that_does_not_fit_the_target_is_refused() {
     let target = ToyBackend::new(VOCAB, vec![0], 64, BLOCK);
     let other_vocab = ToyBackend::new(VOCAB + 1, vec![0], 64, BLOCK);
     let err = ModelDrafter::new(
-        DraftSource::Model(Box::new(other_vocab)),
+        engine_worker::spec::ModelSource::Model(Box::new(other_vocab)),
         &target,
         StepCost::from_calibration(&[], 1),
     )
@@ -282,7 +282,7 @@ fn a_draft_that_does_not_fit_the_target_is_refused() {
     assert!(err.to_string().contains("49 tokens"), "{err}");
     let other_layout = ToyBackend::new(VOCAB, vec![0], 64, BLOCK * 2);
     assert!(ModelDrafter::new(
-        DraftSource::Model(Box::new(other_layout)),
+        engine_worker::spec::ModelSource::Model(Box::new(other_layout)),
         &target,
         StepCost::from_calibration(&[], 1),
     )
@@ -290,7 +290,7 @@ fn a_draft_that_does_not_fit_the_target_is_refused() {
     for layers in [0, 8, 9] {
         assert!(
             ModelDrafter::new(
-                DraftSource::TargetLayers(layers),
+                engine_worker::spec::ModelSource::TargetLayers(layers),
                 &target,
                 StepCost::from_calibration(&[], 1)
             )

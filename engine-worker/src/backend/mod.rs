@@ -66,6 +66,40 @@ impl<'a> SeqForward<'a> {
     }
 }
 
+/// What a draft head reads beside each token's embedding (see [`HeadForward`]).
+#[derive(Debug, Clone, Copy)]
+pub enum HeadInput<'a> {
+    /// The target's captured states, `[tokens, layers * target hidden]`
+    /// ([`Backend::take_hidden`]'s rows): fused by the head's `fc`.
+    Target(&'a [f32]),
+    /// The head's own pre-norm output at the previous position, `[tokens, head hidden]`.
+    Own(&'a [f32]),
+}
+
+/// One sequence's share of a draft head's forward. The head's position `p` reads the token at
+/// `p + 1` with the target's state at `p`: it predicts the token at `p + 2`.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadForward<'a> {
+    /// The tokens at positions `start_pos + 1 ..`, one per head position.
+    pub tokens: &'a [u32],
+    /// Head position of `tokens[0]`.
+    pub start_pos: usize,
+    /// The sequence's blocks (the head's cache has the target's layout).
+    pub block_table: &'a [u32],
+    pub input: HeadInput<'a>,
+    /// Rows that get draft logits and hand back their state.
+    pub logits: LogitsFor,
+}
+
+/// A draft head forward's result, for the rows that asked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeadOutput {
+    /// `[rows, draft vocab]`.
+    pub logits: Vec<f32>,
+    /// `[rows, head hidden]`: each row's pre-norm output, the next position's [`HeadInput::Own`].
+    pub hidden: Vec<f32>,
+}
+
 /// A model on a device with its paged KV cache.
 pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
@@ -121,6 +155,52 @@ pub trait Backend: Send {
     fn kv_cache_bytes(&self) -> u64 {
         0
     }
+
+    /// From now on, every full forward keeps the residual stream entering each of `layers`
+    /// (layer indices, in the order given) for every token it runs: the hidden states an
+    /// EAGLE-3 draft head reads (Li et al. 2025, <https://arxiv.org/abs/2503.01840>). Taken
+    /// from the forward the model runs anyway; no second pass. Empty `layers` stops capturing.
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::BackendUnavailable {
+            backend: self.config().name.clone(),
+            reason: "this backend cannot hand a draft head the target's hidden states".into(),
+        })
+    }
+
+    /// Loads an EAGLE-3 draft head beside the model, with a KV cache of the model's layout
+    /// (same block size and count; every sequence's block table indexes both).
+    fn attach_draft_head(&mut self, head: crate::model::HeadWeights) -> Result<(), EngineError> {
+        Err(EngineError::BackendUnavailable {
+            backend: self.config().name.clone(),
+            reason: format!("this backend cannot run draft head {}", head.config.name),
+        })
+    }
+
+    /// Runs the attached draft head over `seqs`: writes each position's keys and values into
+    /// the head's cache through the block table and returns the asked rows' draft logits and
+    /// states.
+    fn head_forward(&mut self, seqs: &[HeadForward<'_>]) -> Result<HeadOutput, EngineError> {
+        let _ = seqs;
+        Err(EngineError::BackendUnavailable {
+            backend: self.config().name.clone(),
+            reason: "no draft head is attached".into(),
+        })
+    }
+
+    /// Bytes of the draft head's KV cache (0 without one).
+    fn head_kv_cache_bytes(&self) -> u64 {
+        0
+    }
+
+    /// The hidden states the last full forward captured (see [`Backend::capture_hidden`]):
+    /// `[tokens of that forward in batch order, layers * hidden]`, row-major, each row the
+    /// captured layers' states side by side. Taking them leaves the buffer empty.
+    fn take_hidden(&mut self) -> Vec<f32> {
+        Vec::new()
+    }
 }
 
 /// Lets the step driver hold whichever backend `--device` chose.
@@ -156,6 +236,21 @@ impl Backend for Box<dyn Backend> {
     }
     fn kv_cache_bytes(&self) -> u64 {
         (**self).kv_cache_bytes()
+    }
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        (**self).capture_hidden(layers)
+    }
+    fn take_hidden(&mut self) -> Vec<f32> {
+        (**self).take_hidden()
+    }
+    fn attach_draft_head(&mut self, head: crate::model::HeadWeights) -> Result<(), EngineError> {
+        (**self).attach_draft_head(head)
+    }
+    fn head_forward(&mut self, seqs: &[HeadForward<'_>]) -> Result<HeadOutput, EngineError> {
+        (**self).head_forward(seqs)
+    }
+    fn head_kv_cache_bytes(&self) -> u64 {
+        (**self).head_kv_cache_bytes()
     }
 }
 

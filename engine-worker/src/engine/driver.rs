@@ -16,8 +16,8 @@ use crate::kv::{BlockAllocator, BlockTable};
 use crate::sampling::History;
 use crate::scheduler::{Scheduler, SchedulerConfig, Sequence, SequencePhase};
 use crate::spec::{
-    DraftCandidate, DraftJob, DraftPlanner, DraftSource, ModelDrafter, NgramProposer, Proposer,
-    RequestAcceptance, StepCost, SuffixProposer, Verification,
+    DraftCandidate, DraftJob, DraftPlanner, DraftSource, Drafter, NgramProposer, Proposer,
+    RequestAcceptance, StepCost, SuffixProposer, TargetRows, Verification,
 };
 use proto::worker_tp::KvBlocks;
 use vocab::TokenBytes;
@@ -51,8 +51,8 @@ pub struct Engine<B: Backend> {
     backend: B,
     scheduler: Scheduler,
     proposer: Option<Box<dyn Proposer>>,
-    /// A draft model or the target's first layers, instead of `proposer`.
-    drafter: Option<ModelDrafter>,
+    /// A draft model, the target's first layers or a draft head, instead of `proposer`.
+    drafter: Option<Box<dyn Drafter>>,
     /// How many proposed drafts each sequence verifies, and what it learned so far.
     planner: DraftPlanner,
     cfg: EngineConfig,
@@ -244,8 +244,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The model drafter, if one drafts.
-    pub fn drafter(&self) -> Option<&ModelDrafter> {
-        self.drafter.as_ref()
+    pub fn drafter(&self) -> Option<&dyn Drafter> {
+        self.drafter.as_deref()
     }
 
     /// Bytes of the drafter's own KV cache (0 without one, or for early exit).
@@ -270,7 +270,7 @@ impl<B: Backend> Engine<B> {
     pub fn draft_kv_bytes(&self) -> u64 {
         self.drafter
             .as_ref()
-            .map_or(0, ModelDrafter::kv_cache_bytes)
+            .map_or(0, |d| d.kv_cache_bytes(&self.backend))
     }
 
     /// Stop strings can be checked (the model came with a vocabulary).
@@ -562,7 +562,8 @@ impl<B: Backend> Engine<B> {
             .iter()
             .zip(&lengths)
             .enumerate()
-            .filter(|(_, (_, &length))| length > 0)
+            // A sequence drafting nothing still gets a job: a head may run its pending states.
+            .filter(|(_, (s, _))| drafting(s))
             .map(|(row, (s, &drafts))| {
                 let job = DraftJob {
                     seq: s.id,
@@ -609,9 +610,27 @@ impl<B: Backend> Engine<B> {
     /// Proposes, recomputes resumed sequences, runs the batched forward and verifies. Returns per
     /// running sequence its verdict.
     fn run_forwards(&mut self) -> Result<Vec<RowVerdict>, crate::EngineError> {
-        compute_prompt_logprobs(&mut self.backend, self.scheduler.running_mut())?;
+        let drafter = &mut self.drafter;
+        compute_prompt_logprobs(
+            &mut self.backend,
+            self.scheduler.running_mut(),
+            |backend, seq, start_pos, len| {
+                if let Some(d) = drafter {
+                    let rows = TargetRows {
+                        seq,
+                        start_pos,
+                        len,
+                        settled: true,
+                    };
+                    d.target_forward(backend, &[rows]);
+                }
+            },
+        )?;
         // Before drafting: early exit reads the target's cache of every position but the last.
-        recompute_resumed(&mut self.backend, self.scheduler.running())?;
+        let recomputed = recompute_resumed(&mut self.backend, self.scheduler.running())?;
+        if let Some(d) = &mut self.drafter {
+            d.target_forward(&mut self.backend, &recomputed);
+        }
         let planning = std::time::Instant::now();
         let (mut planned, offers) = self.plan_drafts()?;
         let max_drafts: Vec<usize> = (self.scheduler.running().iter())
@@ -645,6 +664,19 @@ impl<B: Backend> Engine<B> {
             .collect();
         let started = std::time::Instant::now();
         let verdicts = self.backend.forward_and_verify(&forwards, &choices)?;
+        if let Some(d) = &mut self.drafter {
+            let rows: Vec<TargetRows> = running
+                .iter()
+                .zip(&forwards)
+                .map(|(s, f)| TargetRows {
+                    seq: s.id,
+                    start_pos: f.start_pos,
+                    len: f.tokens.len(),
+                    settled: false,
+                })
+                .collect();
+            d.target_forward(&mut self.backend, &rows);
+        }
         if verdicts.len() != forwards.len() {
             return Err(crate::EngineError::InvalidBatch(format!(
                 "backend returned {} verdicts for {} sequences",
@@ -815,11 +847,11 @@ impl<B: Backend> Engine<B> {
 }
 
 /// Resumed sequences first rebuild their cache (all but the last token) in a forward of their
-/// own, so the step's forward treats them like any running sequence.
+/// own, so the step's forward treats them like any running sequence. Returns what it ran.
 fn recompute_resumed<B: Backend>(
     backend: &mut B,
     running: &[Sequence],
-) -> Result<(), crate::EngineError> {
+) -> Result<Vec<TargetRows>, crate::EngineError> {
     let recompute: Vec<SeqForward<'_>> = running
         .iter()
         .filter(|s| s.phase() == SequencePhase::Recompute)
@@ -833,7 +865,17 @@ fn recompute_resumed<B: Backend>(
     if !recompute.is_empty() {
         backend.forward(&recompute)?;
     }
-    Ok(())
+    Ok(running
+        .iter()
+        .filter(|s| s.phase() == SequencePhase::Recompute)
+        .zip(&recompute)
+        .map(|(s, f)| TargetRows {
+            seq: s.id,
+            start_pos: f.start_pos,
+            len: f.tokens.len(),
+            settled: true,
+        })
+        .collect())
 }
 
 /// Per running sequence, the chunk a verify forward runs: its last token, then its drafts.
@@ -873,24 +915,24 @@ fn step_forwards<'a>(running: &'a [Sequence], chunks: &'a [Vec<u32>]) -> Vec<Seq
         .collect()
 }
 
-/// A model drafter over `source`, its forward's cost measured on cache blocks of `alloc`.
+/// The drafter over `source`, its forward's cost measured on cache blocks of `alloc`.
 fn build_drafter<B: Backend>(
     source: DraftSource,
     backend: &mut B,
     alloc: &mut BlockAllocator,
     max_num_seqs: usize,
-) -> Result<ModelDrafter, crate::EngineError> {
-    let mut drafter = ModelDrafter::new(source, backend, StepCost::from_calibration(&[], 1))?;
+) -> Result<Box<dyn Drafter>, crate::EngineError> {
+    let mut drafter = source.into_drafter(backend, StepCost::from_calibration(&[], 1))?;
     let group = drafter.token_group(backend);
     let points = calibrate_draft(alloc, max_num_seqs, group, |forwards| {
-        drafter.run_forward(backend, forwards).map(drop)
+        drafter.calibration_forward(backend, forwards)
     });
     let cost = StepCost::from_calibration(&points, group);
     tracing::info!(
         drafter = drafter.name(),
         one_seq_ms = cost.seconds(1.0) * 1e3,
         eight_seqs_ms = cost.seconds(8.0) * 1e3,
-        draft_kv_bytes = drafter.kv_cache_bytes(),
+        draft_kv_bytes = drafter.kv_cache_bytes(backend),
         points = ?points,
         "draft forward cost calibrated"
     );

@@ -17,9 +17,11 @@ const CHUNK: usize = 64;
 
 /// Computes the prompt logprobs of every running sequence about to be prefilled that asked for
 /// them, leaving its last prompt token for the step's prefill.
+/// `ran(backend, seq, start, len)` follows each forward (a draft head takes its states).
 pub fn compute_prompt_logprobs<B: Backend>(
     backend: &mut B,
     running: &mut [Sequence],
+    mut ran: impl FnMut(&mut B, proto::RequestId, usize, usize),
 ) -> Result<(), crate::EngineError> {
     let vocab = backend.config().vocab_size;
     for seq in running
@@ -42,6 +44,7 @@ pub fn compute_prompt_logprobs<B: Backend>(
             );
             // [end - start, vocab]: row r predicts the token at position start + r + 1.
             let logits = backend.forward(&[forward])?;
+            ran(backend, seq.id, start, end - start);
             scored.extend(
                 logits
                     .chunks_exact(vocab)

@@ -2,6 +2,7 @@
 //! or generated (`--load-format dummy`).
 
 mod config;
+mod draft_head;
 mod dtype;
 mod dummy;
 mod gguf_loader;
@@ -15,6 +16,7 @@ mod loader_tests;
 use std::path::Path;
 
 pub use config::{ModelConfig, RopeStyle};
+pub use draft_head::{default_aux_layers, HeadConfig, HeadWeights};
 pub use dtype::{dequantize_row, quantize_row, WeightType, QK};
 pub use gguf_loader::{gguf_config, load_gguf};
 pub use safetensors_loader::{hf_config, load_hf_dir};

@@ -24,8 +24,8 @@ use crate::backend::{Backend, LogitsFor, SeqForward};
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
 use crate::EngineError;
 
-/// Where draft tokens come from.
-pub enum DraftSource {
+/// Where a model drafter's tokens come from.
+pub enum ModelSource {
     /// A separate model with the target's vocabulary. Its paged KV cache has the target's
     /// block size and block count, and every sequence's block table indexes both.
     Model(Box<dyn Backend>),
@@ -33,11 +33,11 @@ pub enum DraftSource {
     TargetLayers(usize),
 }
 
-impl std::fmt::Debug for DraftSource {
+impl std::fmt::Debug for ModelSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DraftSource::Model(b) => write!(f, "Model({})", b.config().name),
-            DraftSource::TargetLayers(n) => write!(f, "TargetLayers({n})"),
+            ModelSource::Model(b) => write!(f, "Model({})", b.config().name),
+            ModelSource::TargetLayers(n) => write!(f, "TargetLayers({n})"),
         }
     }
 }
@@ -61,7 +61,7 @@ pub struct DraftJob<'a> {
 /// A model drafter and what it knows of its cache and its cost.
 #[derive(Debug)]
 pub struct ModelDrafter {
-    source: DraftSource,
+    source: ModelSource,
     name: String,
     /// Validity of the draft model's own cache (unused for early exit).
     kv: DraftKv,
@@ -73,13 +73,13 @@ impl ModelDrafter {
     /// A drafter for a target with `vocab_size` tokens, `num_layers` layers and a KV cache of
     /// `num_blocks` blocks of `block_size`; `cost` is the calibrated draft forward cost.
     pub fn new<B: Backend + ?Sized>(
-        source: DraftSource,
+        source: ModelSource,
         target: &B,
         cost: StepCost,
     ) -> Result<Self, EngineError> {
         let t = target.config();
         let name = match &source {
-            DraftSource::Model(draft) => {
+            ModelSource::Model(draft) => {
                 let d = draft.config();
                 if d.vocab_size != t.vocab_size {
                     return Err(EngineError::InvalidConfig(format!(
@@ -100,7 +100,7 @@ impl ModelDrafter {
                 }
                 format!("draft:{}", d.name)
             }
-            DraftSource::TargetLayers(n) => {
+            ModelSource::TargetLayers(n) => {
                 if *n == 0 || *n >= t.num_layers {
                     return Err(EngineError::InvalidConfig(format!(
                         "--draft-layers {n}: self-speculation needs 1 to {} of the target's {} layers",
@@ -131,8 +131,8 @@ impl ModelDrafter {
     /// Bytes of the drafter's own KV cache (0 for early exit, which uses the target's).
     pub fn kv_cache_bytes(&self) -> u64 {
         match &self.source {
-            DraftSource::Model(draft) => draft.kv_cache_bytes(),
-            DraftSource::TargetLayers(_) => 0,
+            ModelSource::Model(draft) => draft.kv_cache_bytes(),
+            ModelSource::TargetLayers(_) => 0,
         }
     }
 
@@ -203,11 +203,11 @@ impl ModelDrafter {
     /// read the target's cache, which is always current.
     pub fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
         match self.source {
-            DraftSource::Model(_) => {
+            ModelSource::Model(_) => {
                 let last = tokens.len().saturating_sub(1);
                 last.saturating_sub(self.kv.start(seq, tokens, table))
             }
-            DraftSource::TargetLayers(_) => 0,
+            ModelSource::TargetLayers(_) => 0,
         }
     }
 
@@ -219,9 +219,9 @@ impl ModelDrafter {
             return len + position - 1;
         }
         match self.source {
-            DraftSource::Model(_) => self.kv.start(job.seq, job.tokens, job.block_table),
+            ModelSource::Model(_) => self.kv.start(job.seq, job.tokens, job.block_table),
             // The target's cache holds every position before the last token.
-            DraftSource::TargetLayers(_) => len - 1,
+            ModelSource::TargetLayers(_) => len - 1,
         }
     }
 
@@ -250,14 +250,14 @@ impl ModelDrafter {
         forwards: &[SeqForward<'_>],
     ) -> Result<Vec<f32>, EngineError> {
         match &mut self.source {
-            DraftSource::Model(draft) => {
+            ModelSource::Model(draft) => {
                 for f in forwards {
                     self.kv
                         .will_write(f.block_table, f.start_pos, f.start_pos + f.tokens.len());
                 }
                 draft.forward(forwards)
             }
-            DraftSource::TargetLayers(layers) => target.forward_first_layers(forwards, *layers),
+            ModelSource::TargetLayers(layers) => target.forward_first_layers(forwards, *layers),
         }
     }
 
@@ -269,8 +269,8 @@ impl ModelDrafter {
     /// Tokens that share one pass of the drafting kernels over the weights.
     pub fn token_group<B: Backend + ?Sized>(&self, target: &B) -> usize {
         match &self.source {
-            DraftSource::Model(draft) => draft.token_group(),
-            DraftSource::TargetLayers(_) => target.token_group(),
+            ModelSource::Model(draft) => draft.token_group(),
+            ModelSource::TargetLayers(_) => target.token_group(),
         }
     }
 
@@ -285,7 +285,7 @@ impl ModelDrafter {
         drafted: usize,
         accepted: usize,
     ) {
-        if drafted == 0 || !matches!(self.source, DraftSource::Model(_)) {
+        if drafted == 0 || !matches!(self.source, ModelSource::Model(_)) {
             return;
         }
         // Forwards wrote up to the last draft but one; the accepted drafts among them hold.
@@ -316,10 +316,65 @@ fn chunk(job: &DraftJob<'_>, drafted: &[u32], start: usize) -> Vec<u32> {
 /// The draft token at output index `position`: the argmax for greedy requests, else a draw
 /// with the request's random stream for that position (the draw the verifier makes from the
 /// target's distribution).
-fn choose(row: &[f32], sampling: &SamplingParams, seed: u64, position: usize) -> u32 {
+pub(super) fn choose(row: &[f32], sampling: &SamplingParams, seed: u64, position: usize) -> u32 {
     if is_greedy(sampling) {
         argmax(row)
     } else {
         Distribution::new(row, sampling).sample(&mut position_rng(seed, position))
+    }
+}
+
+impl super::drafter::Drafter for ModelDrafter {
+    fn name(&self) -> &str {
+        ModelDrafter::name(self)
+    }
+    fn cost(&self) -> &StepCost {
+        ModelDrafter::cost(self)
+    }
+    fn set_cost(&mut self, cost: StepCost) {
+        ModelDrafter::set_cost(self, cost);
+    }
+    fn kv_cache_bytes(&self, _target: &dyn Backend) -> u64 {
+        ModelDrafter::kv_cache_bytes(self)
+    }
+    fn tracked(&self) -> usize {
+        ModelDrafter::tracked(self)
+    }
+    fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
+        ModelDrafter::catch_up(self, seq, tokens, table)
+    }
+    fn draft(
+        &mut self,
+        target: &mut dyn Backend,
+        jobs: &[DraftJob<'_>],
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
+        ModelDrafter::draft(self, target, jobs)
+    }
+    fn verified(
+        &mut self,
+        seq: SeqKey,
+        tokens: &[u32],
+        table: &[u32],
+        len_before: usize,
+        drafted: usize,
+        accepted: usize,
+    ) {
+        ModelDrafter::verified(self, seq, tokens, table, len_before, drafted, accepted);
+    }
+    fn preempted(&mut self, seq: SeqKey) {
+        ModelDrafter::preempted(self, seq);
+    }
+    fn forget(&mut self, seq: SeqKey) {
+        ModelDrafter::forget(self, seq);
+    }
+    fn token_group(&self, target: &dyn Backend) -> usize {
+        ModelDrafter::token_group(self, target)
+    }
+    fn calibration_forward(
+        &mut self,
+        target: &mut dyn Backend,
+        forwards: &[SeqForward<'_>],
+    ) -> Result<(), EngineError> {
+        self.run_forward(target, forwards).map(drop)
     }
 }

@@ -1,5 +1,6 @@
 //! Speculative decoding: a [`Proposer`] (n-gram prompt lookup or suffix trees) or a
-//! [`ModelDrafter`] (a draft model, or the target's first layers) drafts up to K tokens per
+//! [`Drafter`] (a draft model or the target's first layers, [`ModelDrafter`]; an EAGLE-3 head
+//! over the target's hidden states, [`HeadDrafter`]) drafts up to K tokens per
 //! sequence and step; the [`DraftPlanner`] decides how many of them each sequence verifies (by
 //! expected gain, or all of them; a model drafter drafts only those); the [`verifier`] checks
 //! them against the target model's logits rows from one forward and accepts the longest valid
@@ -9,6 +10,8 @@ pub mod acceptance;
 pub mod cost;
 mod draft_kv;
 mod draft_model;
+mod drafter;
+mod head;
 mod ngram;
 mod planner;
 pub mod policy;
@@ -21,7 +24,9 @@ pub mod verifier;
 pub use acceptance::RequestAcceptance;
 pub use cost::StepCost;
 pub use draft_kv::DraftKv;
-pub use draft_model::{DraftJob, DraftSource, ModelDrafter};
+pub use draft_model::{DraftJob, ModelDrafter, ModelSource};
+pub use drafter::{DraftSource, Drafter, TargetRows};
+pub use head::HeadDrafter;
 pub use ngram::NgramProposer;
 pub use planner::DraftPlanner;
 pub use policy::{DraftCandidate, SpecPolicy};

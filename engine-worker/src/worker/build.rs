@@ -7,7 +7,9 @@ use crate::backend::cpu::{CpuBackend, CpuBackendOptions};
 use crate::backend::{Backend, Device};
 use crate::engine::{Engine, RetainBounds};
 use crate::kv::KvBudget;
-use crate::model::{vocabulary_mismatch, LoadFormat, Model, TokenizerData, WeightType};
+use crate::model::{
+    vocabulary_mismatch, HeadWeights, LoadFormat, Model, TokenizerData, WeightType,
+};
 use crate::spec::DraftSource;
 use crate::trace::{TraceRun, TraceWriter};
 use crate::EngineError;
@@ -64,17 +66,19 @@ fn build_engine(config: &WorkerConfig) -> Result<WorkerEngine, EngineError> {
         kv_cache_dtype = %config.kv_dtype(),
         "model loaded"
     );
-    let draft = match draft {
-        Some(draft) => Some(DraftSource::Model(build_backend(
+    let head = load_head(config, backend.config())?;
+    let draft = match (draft, head) {
+        (_, Some(head)) => Some(DraftSource::Head(Box::new(head))),
+        (Some(draft), None) => Some(DraftSource::Model(build_backend(
             config, draft, num_blocks,
         )?)),
-        None => config.draft_layers.map(DraftSource::TargetLayers),
+        (None, None) => config.draft_layers.map(DraftSource::TargetLayers),
     };
     let mut engine = Engine::with_drafter(backend, config.engine.clone(), vocab, draft)?;
     if let Some(drafter) = engine.drafter() {
         tracing::info!(
             drafter = drafter.name(),
-            draft_kv_bytes = drafter.kv_cache_bytes(),
+            draft_kv_bytes = drafter.kv_cache_bytes(engine.backend()),
             "model drafter ready"
         );
     }
@@ -83,6 +87,30 @@ fn build_engine(config: &WorkerConfig) -> Result<WorkerEngine, EngineError> {
         max_age: Duration::from_secs(config.retain_max_age_secs),
     });
     Ok(engine)
+}
+
+/// The draft head of `--draft-head`, refused unless it fits the target.
+fn load_head(
+    config: &WorkerConfig,
+    target: &crate::model::ModelConfig,
+) -> Result<Option<HeadWeights>, EngineError> {
+    let Some(path) = &config.draft_head else {
+        return Ok(None);
+    };
+    let dtype = WeightType::parse(&config.draft_head_dtype)
+        .ok_or_else(|| EngineError::UnknownDummyDtype(config.draft_head_dtype.clone()))?;
+    let head = HeadWeights::load(path, target, dtype).map_err(|source| EngineError::LoadDraft {
+        path: path.display().to_string(),
+        source: Box::new(source),
+    })?;
+    tracing::info!(
+        head = %head.config.name,
+        draft_vocab = head.config.draft_vocab_size,
+        layers = ?head.config.aux_layers,
+        bytes_per_token = head.bytes_per_token(),
+        "draft head loaded"
+    );
+    Ok(Some(head))
 }
 
 /// KV-cache blocks: `--num-kv-blocks`, or what `--kv-cache-memory` holds.

@@ -34,8 +34,22 @@ pub struct WorkerConfig {
     /// It must share the target's vocabulary (checked at load) and runs on the same device,
     /// with its own KV cache laid out like the target's (`scripts/make-draft.py` makes drafts
     /// from a target).
-    #[arg(long, env = "SPECULA_DRAFT_MODEL", conflicts_with = "draft_layers")]
+    #[arg(
+        long,
+        env = "SPECULA_DRAFT_MODEL",
+        conflicts_with_all = ["draft_layers", "draft_head"]
+    )]
     pub draft_model: Option<PathBuf>,
+    /// An EAGLE-3 draft head (a directory in the published layout: `config.json` naming
+    /// `LlamaForCausalLMEagle3`, safetensors with `fc`, `midlayer.*`, `lm_head`, `d2t`) that
+    /// drafts from the target's own hidden states instead of `--proposer`; refused at start,
+    /// naming what differs, unless it fits the target.
+    #[arg(long, env = "SPECULA_DRAFT_HEAD", conflicts_with = "draft_layers")]
+    pub draft_head: Option<PathBuf>,
+    /// Precision the draft head's matrices are kept in: `q8_0` (a draft token reads a few
+    /// percent of the target's bytes), `f16`, `bf16` or `f32`.
+    #[arg(long, env = "SPECULA_DRAFT_HEAD_DTYPE", default_value = "q8_0")]
+    pub draft_head_dtype: String,
     /// Self-speculation: the target's first N layers, its final norm and its LM head draft
     /// (early exit, no extra weights, in the target's own KV cache) instead of `--proposer`.
     #[arg(long, env = "SPECULA_DRAFT_LAYERS")]
@@ -145,6 +159,9 @@ impl WorkerConfig {
     pub fn proposer_name(&self) -> String {
         if self.engine.num_spec_tokens == 0 {
             return "none".into();
+        }
+        if let Some(path) = &self.draft_head {
+            return format!("head:{}", vocab::served_model_name(path));
         }
         match (&self.draft_model, self.draft_layers) {
             (Some(path), _) => format!("draft:{}", vocab::served_model_name(path)),

@@ -28,14 +28,51 @@ const ROWS_PER_TASK: usize = 8;
 /// would cost more than the work.
 const PARALLEL_MIN_TOKENS: usize = 16;
 
+/// Which layers' incoming residual streams a forward keeps, and what the last forward kept.
+#[derive(Debug, Default)]
+pub(crate) struct Capture {
+    layers: Vec<usize>,
+    kept: Vec<f32>, // [tokens, layers * hidden]
+}
+
+impl Capture {
+    pub(crate) fn of(layers: &[usize]) -> Self {
+        Self {
+            layers: layers.to_vec(),
+            kept: Vec::new(),
+        }
+    }
+
+    pub(crate) fn take(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// Before layer `l`: copies each token's row of `x` into its column block, if `l` is kept.
+    fn keep(&mut self, l: usize, x: &[f32], hidden: usize) {
+        let Some(slot) = self.layers.iter().position(|&k| k == l) else {
+            return;
+        };
+        let width = self.layers.len() * hidden;
+        for (out, row) in self
+            .kept
+            .chunks_exact_mut(width)
+            .zip(x.chunks_exact(hidden))
+        {
+            out[slot * hidden..(slot + 1) * hidden].copy_from_slice(row);
+        }
+    }
+}
+
 /// Runs the batch (already validated) through the first `layers` layers (all of them but for an
-/// early-exit draft) and returns `[logit rows, vocab]`.
+/// early-exit draft) and returns `[logit rows, vocab]`. With `capture`, the residual stream
+/// entering each of its layers is kept for every token.
 pub(crate) fn forward(
     model: &Model,
     cache: &mut KvCache,
     isa: Isa,
     seqs: &[SeqForward<'_>],
     layers: usize,
+    mut capture: Option<&mut Capture>,
 ) -> Vec<f32> {
     let cfg = &model.config;
     let batch = FlatBatch::new(seqs);
@@ -53,7 +90,14 @@ pub(crate) fn forward(
         batch: &batch,
         rope: &rope,
     };
+    if let Some(c) = capture.as_deref_mut() {
+        c.kept.clear();
+        c.kept.resize(batch.tokens() * c.layers.len() * hidden, 0.0);
+    }
     for (l, layer) in model.weights.layers.iter().take(layers).enumerate() {
+        if let Some(c) = capture.as_deref_mut() {
+            c.keep(l, &x, hidden);
+        }
         ctx.attention_block(l, layer, cache, &mut x, &mut act);
         ctx.mlp_block(layer, &mut x, &mut act);
     }

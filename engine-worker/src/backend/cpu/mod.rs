@@ -7,6 +7,7 @@
 
 mod aligned;
 mod attention;
+mod draft_head;
 #[cfg(target_arch = "x86_64")]
 mod folds;
 mod kernels;
@@ -18,7 +19,7 @@ mod ops;
 
 pub use kernels::Isa;
 
-use super::{Backend, SeqForward};
+use super::{Backend, HeadForward, HeadInput, HeadOutput, SeqForward};
 use crate::kv::KvDtype;
 use crate::model::{Model, ModelConfig};
 use crate::EngineError;
@@ -62,6 +63,11 @@ pub struct CpuBackend {
     cache: kv_cache::KvCache,
     pool: rayon::ThreadPool,
     isa: Isa,
+    /// Layers whose incoming residual stream every full forward keeps, and what the last one
+    /// kept (`[tokens, layers * hidden]`).
+    capture: llama::Capture,
+    /// An EAGLE-3 draft head, when one drafts.
+    head: Option<draft_head::CpuHead>,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -93,8 +99,12 @@ impl CpuBackend {
             cache,
             pool,
             isa,
+            capture,
+            ..
         } = self;
-        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers)))
+        // Early exit drafts; only the target's full forward feeds a draft head.
+        let capture = (layers == model.config.num_layers).then_some(capture);
+        Ok(pool.install(|| llama::forward(model, cache, *isa, seqs, layers, capture)))
     }
     pub fn new(model: Model, options: CpuBackendOptions) -> Result<Self, EngineError> {
         model.config.validate()?;
@@ -121,6 +131,8 @@ impl CpuBackend {
             cache,
             pool,
             isa: Isa::supported_or_detect(options.isa),
+            capture: llama::Capture::default(),
+            head: None,
         })
     }
 
@@ -144,6 +156,34 @@ impl CpuBackend {
 
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// A head batch's tokens, blocks and input rows fit the head and the cache.
+    fn validate_head(&self, seqs: &[HeadForward<'_>]) -> Result<(), EngineError> {
+        let Some(head) = &self.head else {
+            return Err(EngineError::InvalidBatch(
+                "no draft head is attached".into(),
+            ));
+        };
+        let c = &head.weights().config;
+        let as_target: Vec<SeqForward<'_>> = seqs
+            .iter()
+            .map(|s| SeqForward::new(s.tokens, s.start_pos, s.block_table, s.logits))
+            .collect();
+        self.validate(&as_target)?;
+        for (i, s) in seqs.iter().enumerate() {
+            let (rows, width) = match s.input {
+                HeadInput::Target(g) => (g.len(), 3 * c.target_hidden_size),
+                HeadInput::Own(f) => (f.len(), c.hidden_size),
+            };
+            if rows != s.tokens.len() * width {
+                return Err(EngineError::InvalidBatch(format!(
+                    "head sequence {i}: {rows} input values for {} tokens of {width}",
+                    s.tokens.len()
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self, seqs: &[SeqForward<'_>]) -> Result<(), EngineError> {
@@ -224,6 +264,63 @@ impl Backend for CpuBackend {
             )));
         }
         self.forward_through(seqs, layers)
+    }
+
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), EngineError> {
+        let num_layers = self.model.config.num_layers;
+        if let Some(&bad) = layers.iter().find(|&&l| l >= num_layers) {
+            return Err(EngineError::InvalidConfig(format!(
+                "cannot capture the hidden state entering layer {bad}: {} has {num_layers} layers",
+                self.model.config.name
+            )));
+        }
+        self.capture = llama::Capture::of(layers);
+        Ok(())
+    }
+
+    fn take_hidden(&mut self) -> Vec<f32> {
+        self.capture.take()
+    }
+
+    fn attach_draft_head(&mut self, head: crate::model::HeadWeights) -> Result<(), EngineError> {
+        if let Some(reason) = head
+            .config
+            .mismatch(&self.model.config, head.embed.is_some())
+        {
+            return Err(EngineError::DraftHeadMismatch {
+                head: head.config.name.clone(),
+                target: self.model.config.name.clone(),
+                reason,
+            });
+        }
+        self.head = Some(draft_head::CpuHead::new(
+            head,
+            self.cache.block_size,
+            self.cache.num_blocks,
+        )?);
+        Ok(())
+    }
+
+    fn head_forward(&mut self, seqs: &[HeadForward<'_>]) -> Result<HeadOutput, EngineError> {
+        self.validate_head(seqs)?;
+        if seqs.is_empty() {
+            return Ok(HeadOutput::default());
+        }
+        let Self {
+            model,
+            pool,
+            isa,
+            head,
+            ..
+        } = self;
+        let head = head.as_mut().expect("validated");
+        Ok(pool.install(|| head.forward(*isa, &model.weights.embed, seqs)))
+    }
+
+    fn head_kv_cache_bytes(&self) -> u64 {
+        self.head
+            .as_ref()
+            .map_or(0, draft_head::CpuHead::kv_cache_bytes)
     }
 
     fn kv_cache_bytes(&self) -> u64 {
