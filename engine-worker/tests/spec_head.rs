@@ -399,3 +399,60 @@ fn the_head_never_changes_what_a_request_generates() {
         assert_eq!(k0, k4, "batch {batch}, {num_blocks} blocks");
     }
 }
+
+/// In the engine, with prefix-cache hits (a second wave of requests shares the first's prompt
+/// stem), a batch of 8 and preemption in a small cache: every verified draft is the draft a head
+/// run from scratch over the request's tokens gives, so a cached block's head cache is the new
+/// sequence's own (the last matched block is computed again) and nothing stale is read.
+#[test]
+fn engine_drafts_equal_a_head_run_from_scratch_with_prefix_hits_and_preemption() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let stem: Vec<u32> = (0..32).map(|_| rng.gen_range(0..299)).collect();
+    for num_blocks in [64, 20] {
+        let cfg = EngineConfig {
+            num_spec_tokens: 4,
+            spec_policy: SpecPolicy::Fixed,
+            max_num_seqs: 8,
+            prefix_caching: true,
+            ..EngineConfig::default()
+        };
+        let source = DraftSource::Head(Box::new(head()));
+        let mut engine =
+            Engine::with_drafter(backend(num_blocks), cfg, None, Some(source)).unwrap();
+        let mut tokens: Vec<Vec<u32>> = Vec::new();
+        let (mut checked, mut preempted) = (0, 0);
+        for wave in 0..2 {
+            for _ in 0..8 {
+                let id = tokens.len() as u64;
+                let mut prompt = stem.clone();
+                prompt.extend((0..rng.gen_range(1..12)).map(|_| rng.gen_range(0..299)));
+                tokens.push(prompt.clone());
+                engine
+                    .add_request(request(id, prompt, 20, SamplingParams::GREEDY))
+                    .unwrap();
+            }
+            while engine.has_work() {
+                for row in engine.step() {
+                    let seq = &mut tokens[row.id as usize];
+                    preempted += usize::from(row.kind == RowKind::Preempted);
+                    if row.kind == RowKind::Verify && row.drafted > 0 {
+                        let drafts = &row.policy.offer[..usize::from(row.drafted)];
+                        assert_eq!(
+                            drafts,
+                            drafts_from_scratch(seq, drafts.len()),
+                            "wave {wave}, request {}, at {} tokens, {num_blocks} blocks",
+                            row.id,
+                            seq.len()
+                        );
+                        checked += 1;
+                    }
+                    seq.extend_from_slice(&row.tokens);
+                }
+            }
+        }
+        assert!(checked > 50, "{checked} drafts checked");
+        if num_blocks < 64 {
+            assert!(preempted > 0, "no preemption in {num_blocks} blocks");
+        }
+    }
+}

@@ -134,6 +134,9 @@ impl<B: Backend> Engine<B> {
                 max_model_len: cfg.max_model_len,
                 num_spec_tokens: cfg.num_spec_tokens,
                 prefix_caching: cfg.prefix_caching,
+                recompute_last_cached_block: drafter
+                    .as_ref()
+                    .is_some_and(|d| d.reads_target_states()),
             },
             alloc,
         );

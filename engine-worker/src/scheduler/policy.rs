@@ -19,6 +19,10 @@ pub struct SchedulerConfig {
     pub num_spec_tokens: usize,
     /// Share the cached full blocks of earlier prompts with new requests that start alike.
     pub prefix_caching: bool,
+    /// Compute the last matched cached block again (vLLM's rule for EAGLE): a draft head's
+    /// cache at a position depends on the next token too, and reads the target's states, which
+    /// only a forward gives; the blocks before it are exact for the new sequence.
+    pub recompute_last_cached_block: bool,
 }
 
 /// The outcome of [`Scheduler::schedule`]: every sequence left in `running` runs this step.
@@ -139,8 +143,13 @@ impl Scheduler {
             seq.prompt_len - 1
         };
         let block_size = self.alloc.block_size();
-        self.alloc
-            .lookup(&seq.tokens[..reusable], reusable / block_size)
+        let mut cached = self
+            .alloc
+            .lookup(&seq.tokens[..reusable], reusable / block_size);
+        if self.cfg.recompute_last_cached_block {
+            cached.pop();
+        }
+        cached
     }
 
     pub fn schedule(&mut self) -> StepPlan {

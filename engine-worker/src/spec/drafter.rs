@@ -63,6 +63,11 @@ pub trait Drafter: Send + std::fmt::Debug {
     fn preempted(&mut self, seq: SeqKey);
     /// `seq` ended.
     fn forget(&mut self, seq: SeqKey);
+    /// Whether it reads the target's hidden states (then a prefix-cache hit computes its last
+    /// block again, so the drafter gets the states there).
+    fn reads_target_states(&self) -> bool {
+        false
+    }
     /// Tokens that share one pass of the drafting kernels over the weights.
     fn token_group(&self, target: &dyn Backend) -> usize;
     /// One draft forward of one-token sequences, as a calibration times it.

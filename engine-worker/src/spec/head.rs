@@ -320,6 +320,10 @@ impl Drafter for HeadDrafter {
         self.seqs.remove(&seq);
     }
 
+    fn reads_target_states(&self) -> bool {
+        true
+    }
+
     fn token_group(&self, target: &dyn Backend) -> usize {
         target.token_group()
     }
