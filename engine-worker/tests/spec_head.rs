@@ -340,8 +340,11 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32, sampling: SamplingParams)
     }
 }
 
-/// Every request's tokens, running `reqs` with the head at K (0: no speculation).
-fn outputs(k: usize, num_blocks: usize, reqs: &[AddRequest]) -> (Vec<Vec<u32>>, usize, usize) {
+/// Every request's tokens, with their logprobs, running `reqs` with the head at K (0: no
+/// speculation); and how many rows were preempted and tokens drafted.
+type Outputs = Vec<(Vec<u32>, Vec<proto::TokenLogprob>)>;
+
+fn outputs(k: usize, num_blocks: usize, reqs: &[AddRequest]) -> (Outputs, usize, usize) {
     let cfg = EngineConfig {
         num_spec_tokens: k,
         spec_policy: SpecPolicy::Fixed,
@@ -353,11 +356,13 @@ fn outputs(k: usize, num_blocks: usize, reqs: &[AddRequest]) -> (Vec<Vec<u32>>, 
     for r in reqs {
         engine.add_request(r.clone()).unwrap();
     }
-    let mut out = vec![Vec::new(); reqs.len()];
+    let mut out: Outputs = vec![(Vec::new(), Vec::new()); reqs.len()];
     let (mut preempted, mut drafted) = (0, 0);
     while engine.has_work() {
         for row in engine.step() {
-            out[row.id as usize].extend_from_slice(&row.tokens);
+            let (tokens, logprobs) = &mut out[row.id as usize];
+            tokens.extend_from_slice(&row.tokens);
+            logprobs.extend_from_slice(&row.logprobs);
             preempted += usize::from(row.kind == RowKind::Preempted);
             drafted += usize::from(row.drafted);
         }
@@ -365,8 +370,8 @@ fn outputs(k: usize, num_blocks: usize, reqs: &[AddRequest]) -> (Vec<Vec<u32>>, 
     (out, preempted, drafted)
 }
 
-/// Greedy and seeded sampling with the head give K = 0's tokens, at batch 1, 8 and 16, with
-/// prefix-cache hits (shared prompt stems) and, in a small cache, preemption.
+/// Greedy and seeded sampling with the head give K = 0's tokens and logprobs, at batch 1, 8 and
+/// 16, with prefix-cache hits (shared prompt stems) and, in a small cache, preemption.
 #[test]
 fn the_head_never_changes_what_a_request_generates() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -376,11 +381,16 @@ fn the_head_never_changes_what_a_request_generates() {
             .map(|id| {
                 let mut prompt = stem.clone();
                 prompt.extend((0..rng.gen_range(1..20)).map(|_| rng.gen_range(0..299)));
-                let sampling = match id % 2 {
+                let sampling = match id % 3 {
                     0 => SamplingParams::GREEDY,
+                    1 => SamplingParams {
+                        logprobs: Some(3),
+                        ..SamplingParams::GREEDY
+                    },
                     _ => SamplingParams {
                         temperature: 0.8,
                         seed: Some(id),
+                        logprobs: Some(2),
                         ..SamplingParams::GREEDY
                     },
                 };
@@ -396,6 +406,10 @@ fn the_head_never_changes_what_a_request_generates() {
                 "batch {batch}: no preemption in {num_blocks} blocks"
             );
         }
+        assert!(
+            batch == 1 || k4.iter().any(|(_, l)| !l.is_empty()),
+            "batch {batch}: no logprobs were asked for"
+        );
         assert_eq!(k0, k4, "batch {batch}, {num_blocks} blocks");
     }
 }

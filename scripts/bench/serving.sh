@@ -12,7 +12,8 @@
 #                      stack each; default "k0:0:fixed k4fixed:4:fixed k4:4:goodput"
 #                      (policy and proposer go to the worker as SPECULA_SPEC_POLICY and
 #                      SPECULA_PROPOSER, e.g. "k4suffix:4:goodput:suffix"; a proposer
-#                      draft=PATH is SPECULA_DRAFT_MODEL, layers=N is SPECULA_DRAFT_LAYERS, e.g.
+#                      draft=PATH is SPECULA_DRAFT_MODEL, layers=N is SPECULA_DRAFT_LAYERS,
+#                      head=DIR is SPECULA_DRAFT_HEAD (an EAGLE-3 head), e.g.
 #                      "q40:4:fixed:draft=/tmp/q4_0.gguf"); more fields kv=DTYPE and
 #                      hugepages=BOOL set SPECULA_KV_CACHE_DTYPE and SPECULA_KV_CACHE_HUGE_PAGES
 #                      (e.g. "f16:4:goodput:ngram:kv=f16"); set empty for none. Each stack's
@@ -216,6 +217,7 @@ run_round() {  # llama-server (when given), then every specula setting, one at a
       "") ;;
       draft=*) envs+=(SPECULA_DRAFT_MODEL="${proposer#draft=}") ;;
       layers=*) envs+=(SPECULA_DRAFT_LAYERS="${proposer#layers=}") ;;
+      head=*) envs+=(SPECULA_DRAFT_HEAD="${proposer#head=}") ;;
       *) envs+=(SPECULA_PROPOSER="$proposer") ;;
     esac
     kv="${SPECULA_KV_CACHE_DTYPE:-default}"
