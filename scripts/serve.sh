@@ -8,7 +8,7 @@
 # SPECULA_NUM_SPEC_TOKENS (4), SPECULA_SPEC_POLICY (goodput), SPECULA_PROPOSER (suffix),
 # SPECULA_PREFIX_CACHING (true), SPECULA_DRAFT_MODEL (a draft GGUF sharing the model's
 # vocabulary, instead of the proposer), SPECULA_DRAFT_LAYERS (N: the model's first N layers
-# draft for it),
+# draft for it), SPECULA_DRAFT_HEAD (an EAGLE-3 head directory, docs/draft-heads.md),
 # SPECULA_MODEL (the fetched GGUF), SPECULA_BIN_DIR (prebuilt binaries: skips the build),
 # SPECULA_RUN_DIR (the ipc endpoints' directory, where each process's pid is kept as
 # NAME.pid; a fresh one by default).
@@ -96,6 +96,7 @@ done
 proposer="${SPECULA_PROPOSER:-suffix}"
 [ -n "${SPECULA_DRAFT_LAYERS:-}" ] && proposer="layers:$SPECULA_DRAFT_LAYERS"
 [ -n "${SPECULA_DRAFT_MODEL:-}" ] && proposer="draft model $SPECULA_DRAFT_MODEL"
+[ -n "${SPECULA_DRAFT_HEAD:-}" ] && proposer="draft head $SPECULA_DRAFT_HEAD"
 cat <<MSG
 specula is ready (K=$SPECULA_NUM_SPEC_TOKENS, drafting policy ${SPECULA_SPEC_POLICY:-goodput}, proposer $proposer).
   OpenAI API: $api/v1
