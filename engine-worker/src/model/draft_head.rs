@@ -351,20 +351,8 @@ impl HeadTensors {
             let path = path.display().to_string();
             move |source| EngineError::ModelIo { path, source }
         };
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .map_err(io(dir))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(EngineError::UnsupportedModel {
-                path: dir.display().to_string(),
-                reason: "no *.safetensors files".into(),
-            });
-        }
         let mut tensors = HashMap::new();
-        for path in files {
+        for path in super::safetensors_loader::safetensors_files(dir)? {
             let bytes = std::fs::read(&path).map_err(io(&path))?;
             let st =
                 SafeTensors::deserialize(&bytes).map_err(|e| EngineError::UnsupportedModel {

@@ -40,20 +40,8 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> EngineError + '_ {
 /// Loads a Hugging Face model directory.
 pub fn load_hf_dir(dir: &Path) -> Result<Model, EngineError> {
     let config = hf_config(dir)?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(EngineError::UnsupportedModel {
-            path: dir.display().to_string(),
-            reason: "no *.safetensors files".into(),
-        });
-    }
     let mut tensors = HashMap::new();
-    for path in &files {
+    for path in &safetensors_files(dir)? {
         let file = std::fs::File::open(path).map_err(io_err(path))?;
         // SAFETY: read-only mapping of a model file that is not modified while in use.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?);
@@ -85,6 +73,23 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model, EngineError> {
         weights,
         tokenizer,
     })
+}
+
+/// The `*.safetensors` files of `dir`, in name order (at least one).
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(EngineError::UnsupportedModel {
+            path: dir.display().to_string(),
+            reason: "no *.safetensors files".into(),
+        });
+    }
+    Ok(files)
 }
 
 /// Reads `config.json` of a Hugging Face model directory.

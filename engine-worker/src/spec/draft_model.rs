@@ -19,6 +19,7 @@ use proto::api_worker::SamplingParams;
 
 use super::cost::StepCost;
 use super::draft_kv::DraftKv;
+use super::drafter::Drafter;
 use super::proposer::SeqKey;
 use crate::backend::{Backend, LogitsFor, SeqForward};
 use crate::sampling::{argmax, is_greedy, position_rng, Distribution};
@@ -119,17 +120,94 @@ impl ModelDrafter {
         })
     }
 
+    /// Where the forward of draft position `position` starts for `job`: after what the draft
+    /// cache holds for the first, at the previous draft for the rest.
+    fn chunk_start(&mut self, job: &DraftJob<'_>, position: usize) -> usize {
+        let len = job.tokens.len();
+        if position > 0 {
+            return len + position - 1;
+        }
+        match self.source {
+            ModelSource::Model(_) => self.kv.start(job.seq, job.tokens, job.block_table),
+            // The target's cache holds every position before the last token.
+            ModelSource::TargetLayers(_) => len - 1,
+        }
+    }
+
+    /// Runs one draft forward and learns what it cost.
+    fn forward<B: Backend + ?Sized>(
+        &mut self,
+        target: &mut B,
+        forwards: &[SeqForward<'_>],
+    ) -> Result<Vec<f32>, EngineError> {
+        let started = Instant::now();
+        let logits = self.run_forward(target, forwards)?;
+        // The curve is per sequence of a one-token-each forward; catch-up chunks are prompt-like
+        // and would only blur it.
+        if forwards.iter().all(|f| f.tokens.len() == 1) {
+            self.cost
+                .observe(forwards.len(), started.elapsed().as_secs_f64());
+        }
+        Ok(logits)
+    }
+
+    /// One draft forward of `forwards` (`[rows, vocab]` logits), as a step or a calibration runs
+    /// it.
+    pub fn run_forward<B: Backend + ?Sized>(
+        &mut self,
+        target: &mut B,
+        forwards: &[SeqForward<'_>],
+    ) -> Result<Vec<f32>, EngineError> {
+        match &mut self.source {
+            ModelSource::Model(draft) => {
+                for f in forwards {
+                    self.kv
+                        .will_write(f.block_table, f.start_pos, f.start_pos + f.tokens.len());
+                }
+                draft.forward(forwards)
+            }
+            ModelSource::TargetLayers(layers) => target.forward_first_layers(forwards, *layers),
+        }
+    }
+}
+
+/// The tokens of `job`'s forward at a chunk starting at `start`: its tokens from there on for
+/// the first draft position, the latest draft after that.
+fn chunk(job: &DraftJob<'_>, drafted: &[u32], start: usize) -> Vec<u32> {
+    match drafted.last() {
+        None => job.tokens[start..].to_vec(),
+        Some(&last) => vec![last],
+    }
+}
+
+/// The draft token at output index `position`: the argmax for greedy requests, else a draw
+/// with the request's random stream for that position (the draw the verifier makes from the
+/// target's distribution).
+pub(super) fn choose(row: &[f32], sampling: &SamplingParams, seed: u64, position: usize) -> u32 {
+    if is_greedy(sampling) {
+        argmax(row)
+    } else {
+        Distribution::new(row, sampling).sample(&mut position_rng(seed, position))
+    }
+}
+
+impl Drafter for ModelDrafter {
     /// `draft:<model name>` or `layers:<N>`.
-    pub fn name(&self) -> &str {
+    fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn cost(&self) -> &StepCost {
+    fn cost(&self) -> &StepCost {
         &self.cost
     }
 
+    /// Replaces the draft forward's cost curve (after a calibration).
+    fn set_cost(&mut self, cost: StepCost) {
+        self.cost = cost;
+    }
+
     /// Bytes of the drafter's own KV cache (0 for early exit, which uses the target's).
-    pub fn kv_cache_bytes(&self) -> u64 {
+    fn kv_cache_bytes(&self, _target: &dyn Backend) -> u64 {
         match &self.source {
             ModelSource::Model(draft) => draft.kv_cache_bytes(),
             ModelSource::TargetLayers(_) => 0,
@@ -137,15 +215,29 @@ impl ModelDrafter {
     }
 
     /// Sequences whose cache state is kept (each is forgotten when it ends).
-    pub fn tracked(&self) -> usize {
+    fn tracked(&self) -> usize {
         self.kv.tracked()
+    }
+
+    /// Tokens of `seq` (with `tokens` and block table `table`) the drafter must run through
+    /// before its next draft beyond the one a draft forward always takes: what its own cache
+    /// lacks (a draft model's cache fills only when the sequence drafts). The target's layers
+    /// read the target's cache, which is always current.
+    fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
+        match self.source {
+            ModelSource::Model(_) => {
+                let last = tokens.len().saturating_sub(1);
+                last.saturating_sub(self.kv.start(seq, tokens, table))
+            }
+            ModelSource::TargetLayers(_) => 0,
+        }
     }
 
     /// Drafts `job.drafts` tokens for every job: one batched forward per draft position.
     /// Returns each job's drafts, in order.
-    pub fn draft<B: Backend + ?Sized>(
+    fn draft(
         &mut self,
-        target: &mut B,
+        target: &mut dyn Backend,
         jobs: &[DraftJob<'_>],
     ) -> Result<Vec<Vec<u32>>, EngineError> {
         let mut drafts: Vec<Vec<u32>> = jobs.iter().map(|j| Vec::with_capacity(j.drafts)).collect();
@@ -197,86 +289,9 @@ impl ModelDrafter {
         Ok(drafts)
     }
 
-    /// Tokens of `seq` (with `tokens` and block table `table`) the drafter must run through
-    /// before its next draft beyond the one a draft forward always takes: what its own cache
-    /// lacks (a draft model's cache fills only when the sequence drafts). The target's layers
-    /// read the target's cache, which is always current.
-    pub fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
-        match self.source {
-            ModelSource::Model(_) => {
-                let last = tokens.len().saturating_sub(1);
-                last.saturating_sub(self.kv.start(seq, tokens, table))
-            }
-            ModelSource::TargetLayers(_) => 0,
-        }
-    }
-
-    /// Where the forward of draft position `position` starts for `job`: after what the draft
-    /// cache holds for the first, at the previous draft for the rest.
-    fn chunk_start(&mut self, job: &DraftJob<'_>, position: usize) -> usize {
-        let len = job.tokens.len();
-        if position > 0 {
-            return len + position - 1;
-        }
-        match self.source {
-            ModelSource::Model(_) => self.kv.start(job.seq, job.tokens, job.block_table),
-            // The target's cache holds every position before the last token.
-            ModelSource::TargetLayers(_) => len - 1,
-        }
-    }
-
-    /// Runs one draft forward and learns what it cost.
-    fn forward<B: Backend + ?Sized>(
-        &mut self,
-        target: &mut B,
-        forwards: &[SeqForward<'_>],
-    ) -> Result<Vec<f32>, EngineError> {
-        let started = Instant::now();
-        let logits = self.run_forward(target, forwards)?;
-        // The curve is per sequence of a one-token-each forward; catch-up chunks are prompt-like
-        // and would only blur it.
-        if forwards.iter().all(|f| f.tokens.len() == 1) {
-            self.cost
-                .observe(forwards.len(), started.elapsed().as_secs_f64());
-        }
-        Ok(logits)
-    }
-
-    /// One draft forward of `forwards` (`[rows, vocab]` logits), as a step or a calibration runs
-    /// it.
-    pub fn run_forward<B: Backend + ?Sized>(
-        &mut self,
-        target: &mut B,
-        forwards: &[SeqForward<'_>],
-    ) -> Result<Vec<f32>, EngineError> {
-        match &mut self.source {
-            ModelSource::Model(draft) => {
-                for f in forwards {
-                    self.kv
-                        .will_write(f.block_table, f.start_pos, f.start_pos + f.tokens.len());
-                }
-                draft.forward(forwards)
-            }
-            ModelSource::TargetLayers(layers) => target.forward_first_layers(forwards, *layers),
-        }
-    }
-
-    /// Replaces the draft forward's cost curve (after a calibration).
-    pub fn set_cost(&mut self, cost: StepCost) {
-        self.cost = cost;
-    }
-
-    /// Tokens that share one pass of the drafting kernels over the weights.
-    pub fn token_group<B: Backend + ?Sized>(&self, target: &B) -> usize {
-        match &self.source {
-            ModelSource::Model(draft) => draft.token_group(),
-            ModelSource::TargetLayers(_) => target.token_group(),
-        }
-    }
-
     /// After verification of `drafted` drafts of which `accepted` were, for a sequence that had
     /// `len_before` tokens and now has `tokens` in blocks `table`.
-    pub fn verified(
+    fn verified(
         &mut self,
         seq: SeqKey,
         tokens: &[u32],
@@ -294,82 +309,23 @@ impl ModelDrafter {
     }
 
     /// `seq` lost its blocks.
-    pub fn preempted(&mut self, seq: SeqKey) {
+    fn preempted(&mut self, seq: SeqKey) {
         self.kv.preempted(seq);
     }
 
     /// `seq` ended.
-    pub fn forget(&mut self, seq: SeqKey) {
+    fn forget(&mut self, seq: SeqKey) {
         self.kv.forget(seq);
     }
-}
 
-/// The tokens of `job`'s forward at a chunk starting at `start`: its tokens from there on for
-/// the first draft position, the latest draft after that.
-fn chunk(job: &DraftJob<'_>, drafted: &[u32], start: usize) -> Vec<u32> {
-    match drafted.last() {
-        None => job.tokens[start..].to_vec(),
-        Some(&last) => vec![last],
-    }
-}
-
-/// The draft token at output index `position`: the argmax for greedy requests, else a draw
-/// with the request's random stream for that position (the draw the verifier makes from the
-/// target's distribution).
-pub(super) fn choose(row: &[f32], sampling: &SamplingParams, seed: u64, position: usize) -> u32 {
-    if is_greedy(sampling) {
-        argmax(row)
-    } else {
-        Distribution::new(row, sampling).sample(&mut position_rng(seed, position))
-    }
-}
-
-impl super::drafter::Drafter for ModelDrafter {
-    fn name(&self) -> &str {
-        ModelDrafter::name(self)
-    }
-    fn cost(&self) -> &StepCost {
-        ModelDrafter::cost(self)
-    }
-    fn set_cost(&mut self, cost: StepCost) {
-        ModelDrafter::set_cost(self, cost);
-    }
-    fn kv_cache_bytes(&self, _target: &dyn Backend) -> u64 {
-        ModelDrafter::kv_cache_bytes(self)
-    }
-    fn tracked(&self) -> usize {
-        ModelDrafter::tracked(self)
-    }
-    fn catch_up(&mut self, seq: SeqKey, tokens: &[u32], table: &[u32]) -> usize {
-        ModelDrafter::catch_up(self, seq, tokens, table)
-    }
-    fn draft(
-        &mut self,
-        target: &mut dyn Backend,
-        jobs: &[DraftJob<'_>],
-    ) -> Result<Vec<Vec<u32>>, EngineError> {
-        ModelDrafter::draft(self, target, jobs)
-    }
-    fn verified(
-        &mut self,
-        seq: SeqKey,
-        tokens: &[u32],
-        table: &[u32],
-        len_before: usize,
-        drafted: usize,
-        accepted: usize,
-    ) {
-        ModelDrafter::verified(self, seq, tokens, table, len_before, drafted, accepted);
-    }
-    fn preempted(&mut self, seq: SeqKey) {
-        ModelDrafter::preempted(self, seq);
-    }
-    fn forget(&mut self, seq: SeqKey) {
-        ModelDrafter::forget(self, seq);
-    }
+    /// Tokens that share one pass of the drafting kernels over the weights.
     fn token_group(&self, target: &dyn Backend) -> usize {
-        ModelDrafter::token_group(self, target)
+        match &self.source {
+            ModelSource::Model(draft) => draft.token_group(),
+            ModelSource::TargetLayers(_) => target.token_group(),
+        }
     }
+
     fn calibration_forward(
         &mut self,
         target: &mut dyn Backend,

@@ -6,12 +6,13 @@
 //! target's block tables; the final norm and an LM head over the draft vocabulary give logits.
 //! The same kernels as the target's forward, so a row does not depend on its batch.
 
-use super::attention::{attention, TokenSlot};
+use super::attention::attention;
 use super::kernels::Isa;
 use super::kv_cache::{KvCache, KvLayout};
+use super::llama::FlatBatch;
 use super::matmul::{matmul, Job};
 use super::ops::{add_in_place, rms_norm, silu_mul, RopeTable};
-use crate::backend::{HeadForward, HeadInput, HeadOutput, LogitsFor};
+use crate::backend::{HeadForward, HeadInput, HeadOutput, SeqForward};
 use crate::kv::KvDtype;
 use crate::model::{HeadWeights, ModelConfig, WeightMatrix};
 use crate::EngineError;
@@ -69,23 +70,15 @@ impl CpuHead {
         let c = &w.config;
         let h = c.hidden_size;
         let eps = c.rms_norm_eps;
-        let mut slots = Vec::new();
-        let mut token_ids = Vec::new();
-        let mut logit_rows = Vec::new();
-        for s in seqs {
-            let first = token_ids.len();
-            for (i, &t) in s.tokens.iter().enumerate() {
-                token_ids.push(t);
-                slots.push(TokenSlot {
-                    block_table: s.block_table,
-                    pos: s.start_pos + i,
-                });
-            }
-            match s.logits {
-                LogitsFor::Last => logit_rows.push(token_ids.len() - 1),
-                LogitsFor::All => logit_rows.extend(first..token_ids.len()),
-            }
-        }
+        let as_target: Vec<SeqForward<'_>> = seqs
+            .iter()
+            .map(|s| SeqForward::new(s.tokens, s.start_pos, s.block_table, s.logits))
+            .collect();
+        let FlatBatch {
+            token_ids,
+            slots,
+            logit_rows,
+        } = FlatBatch::new(&as_target);
         let tokens = token_ids.len();
         let fused = self.input_hidden(isa, seqs, tokens); // [tokens, h]
                                                           // [tokens, 2h]: normed embedding | normed hidden.

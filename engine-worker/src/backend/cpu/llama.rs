@@ -105,15 +105,15 @@ pub(crate) fn forward(
 }
 
 /// The batch flattened: one entry per token.
-struct FlatBatch<'a> {
-    token_ids: Vec<u32>,
-    slots: Vec<TokenSlot<'a>>,
+pub(crate) struct FlatBatch<'a> {
+    pub(crate) token_ids: Vec<u32>,
+    pub(crate) slots: Vec<TokenSlot<'a>>,
     /// Tokens whose logits are wanted, in output order.
-    logit_rows: Vec<usize>,
+    pub(crate) logit_rows: Vec<usize>,
 }
 
 impl<'a> FlatBatch<'a> {
-    fn new(seqs: &[SeqForward<'a>]) -> Self {
+    pub(crate) fn new(seqs: &[SeqForward<'a>]) -> Self {
         let mut token_ids = Vec::new();
         let mut slots = Vec::new();
         let mut logit_rows = Vec::new();
@@ -138,7 +138,7 @@ impl<'a> FlatBatch<'a> {
         }
     }
 
-    fn tokens(&self) -> usize {
+    pub(crate) fn tokens(&self) -> usize {
         self.token_ids.len()
     }
 }
