@@ -216,9 +216,15 @@ pub fn chat_prompt(
         }
     }
     let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
-    let text = render_chat(&request.messages, add_generation_prompt, template, limits)?;
+    let text = render_chat(
+        &request.messages,
+        add_generation_prompt,
+        template,
+        tokenizer,
+        limits,
+    )?;
     // The template wrote the special tokens; add none (vLLM's add_special_tokens=False).
-    let ids = tokenizer.encode(&text)?;
+    let ids = tokenizer.encode_chat(&text, false)?;
     if ids.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -229,10 +235,13 @@ pub fn chat_prompt(
 }
 
 /// The chat template applied to `messages`, each checked (role, content, no unknown fields).
+/// Content is quoted ([`Tokenizer::quote_content`]): encode the result with
+/// [`Tokenizer::encode_chat`], so that a user's `<|im_start|>` stays text.
 pub fn render_chat(
     messages: &[ChatMessage],
     add_generation_prompt: bool,
     template: Option<&ChatTemplate>,
+    tokenizer: &Tokenizer,
     limits: &Limits,
 ) -> Result<String, ApiError> {
     let template = template.ok_or_else(|| {
@@ -261,7 +270,7 @@ pub fn render_chat(
         }
         rendered.push(TemplateMessage {
             role: m.role.clone(),
-            content: message_text(m)?,
+            content: tokenizer.quote_content(&message_text(m)?),
         });
     }
     template.render(&rendered, add_generation_prompt)
@@ -487,8 +496,29 @@ fn logits_processors(
 /// wherever the output ends with the rest.
 fn bad_words(words: Option<&[String]>, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     use proto::api_worker::{MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS};
+    let words = words.unwrap_or_default();
+    // Counts and sizes before any tokenizing: each word is at least one sequence of its own.
+    if words.len() > MAX_BAD_WORDS {
+        return Err(ApiError::invalid(
+            "bad_words",
+            format!("at most {MAX_BAD_WORDS} bad_words"),
+        ));
+    }
+    let too_long = || {
+        ApiError::invalid(
+            "bad_words",
+            format!("a bad word is at most {MAX_BAD_WORD_TOKENS} tokens"),
+        )
+    };
+    if words
+        .iter()
+        .any(|w| tokenizer.exceeds_tokens(w, MAX_BAD_WORD_TOKENS))
+    {
+        return Err(too_long());
+    }
     let mut sequences: Vec<Vec<u32>> = Vec::new();
-    for word in words.unwrap_or_default() {
+    let mut seen = std::collections::HashSet::new();
+    for word in words {
         let word = word.trim_start();
         if word.is_empty() {
             return Err(ApiError::invalid(
@@ -499,12 +529,9 @@ fn bad_words(words: Option<&[String]>, tokenizer: &Tokenizer) -> Result<Vec<Vec<
         for text in [word.to_owned(), format!(" {word}")] {
             let ids = tokenizer.encode(&text)?;
             if ids.len() > MAX_BAD_WORD_TOKENS {
-                return Err(ApiError::invalid(
-                    "bad_words",
-                    format!("a bad word is at most {MAX_BAD_WORD_TOKENS} tokens"),
-                ));
+                return Err(too_long());
             }
-            if !ids.is_empty() && !sequences.contains(&ids) {
+            if !ids.is_empty() && seen.insert(ids.clone()) {
                 sequences.push(ids);
             }
         }

@@ -57,12 +57,10 @@ fn tokenize_request(
                 messages,
                 add_generation_prompt,
                 model.chat_template.as_ref(),
+                tokenizer,
                 limits,
             )?;
-            match req.add_special_tokens.unwrap_or(false) {
-                true => tokenizer.encode_prompt(&text)?,
-                false => tokenizer.encode(&text)?,
-            }
+            tokenizer.encode_chat(&text, req.add_special_tokens.unwrap_or(false))?
         }
         _ => {
             return Err(ApiError::invalid(

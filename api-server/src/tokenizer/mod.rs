@@ -5,10 +5,12 @@
 pub mod detok;
 pub mod gguf;
 pub mod hf;
+pub mod quoted;
 
 use vocab::TokenBytes;
 
 use crate::error::ApiError;
+use quoted::QuotedText;
 
 /// A loaded tokenizer. Encoding goes through the `tokenizers` crate; decoding uses each token's
 /// raw bytes, which is what the engine-worker matches stop strings on too.
@@ -19,6 +21,10 @@ pub struct Tokenizer {
     bos_id: Option<u32>,
     eos_id: Option<u32>,
     bos_policy: BosPolicy,
+    /// Chat content's special-token literals, encoded as text.
+    quoted: QuotedText,
+    /// The longest token's bytes: text longer than `n` times this cannot be `n` tokens.
+    max_token_bytes: usize,
     /// Built on the first structured-output request (indexing the vocabulary takes a while).
     grammars: std::sync::OnceLock<Option<grammar::Compiler>>,
 }
@@ -41,7 +47,14 @@ impl Tokenizer {
         eos_id: Option<u32>,
         bos_policy: BosPolicy,
     ) -> Self {
+        let max_token_bytes = (0..token_bytes.len() as u32)
+            .map(|id| token_bytes.get(id).len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Self {
+            quoted: QuotedText::new(&inner),
+            max_token_bytes,
             inner,
             token_bytes,
             bos_id,
@@ -65,6 +78,11 @@ impl Tokenizer {
                     .ok()
             })
             .as_ref()
+    }
+
+    /// Whether `text` is certainly more than `tokens` tokens, known without encoding it.
+    pub fn exceeds_tokens(&self, text: &str, tokens: usize) -> bool {
+        text.len() > tokens.saturating_mul(self.max_token_bytes)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -114,6 +132,29 @@ impl Tokenizer {
             }
             _ => self.encode(text),
         }
+    }
+
+    /// Chat message content as the template should see it: special-token literals marked so
+    /// that [`encode_chat`](Self::encode_chat) encodes them as text ([`quoted`]).
+    pub fn quote_content(&self, content: &str) -> String {
+        self.quoted.quote(content)
+    }
+
+    /// Encodes a rendered chat prompt: the template's special tokens matched, the messages'
+    /// text as text; with `add_special`, BOS first when the model asks for it.
+    pub fn encode_chat(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        let mut ids = self.quoted.encode(&self.inner, text).map_err(|e| {
+            tracing::warn!(error = %e, "tokenizer failed to encode");
+            ApiError::Internal
+        })?;
+        if let (true, Some(bos), BosPolicy::Prepend | BosPolicy::PostProcessor) =
+            (add_special, self.bos_id, self.bos_policy)
+        {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
     }
 
     /// The tokenizer as an HF `tokenizer.json` document (e.g. to export a GGUF's tokenizer).
