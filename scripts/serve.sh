@@ -62,8 +62,13 @@ stop() {
   trap - INT TERM EXIT
   if [ ${#supervisors[@]} -gt 0 ]; then
     echo "serve: stopping (SIGTERM, draining)..." >&2
-    kill -TERM "${supervisors[@]}" 2>/dev/null || true
-    wait "${supervisors[@]}" 2>/dev/null || true
+    # The units' order: the api-server first (it refuses new work and lets its streams
+    # finish), then the worker, then the token-processor, which carries their last tokens.
+    local i
+    for i in 2 1 0; do
+      kill -TERM "${supervisors[$i]}" 2>/dev/null || true
+      wait "${supervisors[$i]}" 2>/dev/null || true
+    done
   fi
   [ -n "${SPECULA_RUN_DIR:-}" ] || rm -rf "$run_dir"
 }

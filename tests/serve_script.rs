@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::openai::{complete, completion_body};
+use common::openai::{complete, completion_body, stream};
 use common::timing::{exit_after_kill, PATIENCE, RECOVERY};
 use common::{binary, default_model, free_port, wait_until};
 
@@ -120,9 +120,37 @@ async fn serve_sh_restarts_each_process_that_dies() {
         }
     }
 
-    // SIGTERM to the script stops every process it started.
+    // SIGTERM to the script, with a stream in flight, stops every process it started, in the
+    // units' order: the stream still ends whole (before: all three at once, and the
+    // token-processor stopped carrying tokens while the others drained: an error after 30 s).
     let pids: Vec<u32> = NAMES.iter().filter_map(|n| pid_of(&run_dir, n)).collect();
+    let (first_chunk_tx, first_chunk) = tokio::sync::oneshot::channel();
+    let streamed = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        let mut first_chunk_tx = Some(first_chunk_tx);
+        async move {
+            let body = completion_body("Once upon a time", 48, true);
+            stream(&http, &url, &body, |_| {
+                if let Some(tx) = first_chunk_tx.take() {
+                    let _ = tx.send(());
+                }
+                true
+            })
+            .await
+        }
+    });
+    tokio::time::timeout(PATIENCE, first_chunk)
+        .await
+        .expect("the stream started")
+        .unwrap();
     kill(serve.child.id(), "-TERM");
+    let streamed = tokio::time::timeout(PATIENCE, streamed)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    assert!(streamed.error.is_none(), "{:?}", streamed.error);
+    assert_eq!(streamed.finish_reason.as_deref(), Some("length"));
+    assert!(streamed.done, "the stream ended with [DONE]");
     let status = serve.child.wait().unwrap();
     assert!(!status.success(), "ended by the signal: {status}");
     for pid in pids {
