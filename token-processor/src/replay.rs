@@ -42,6 +42,18 @@ pub struct Trace {
 }
 
 /// A trace file's text.
+/// A trace's K, bounded as the token-processor bounds a worker's: everything sized by K (per
+/// head counts, histograms) is then bounded too, whatever the file says.
+pub fn check_num_spec_tokens(num_spec_tokens: u32) -> Result<(), TpError> {
+    match num_spec_tokens > MAX_SPEC_TOKENS {
+        true => Err(TpError::TraceParse {
+            line: 1,
+            message: format!("num_spec_tokens {num_spec_tokens} exceeds {MAX_SPEC_TOKENS}"),
+        }),
+        false => Ok(()),
+    }
+}
+
 pub fn read_trace(path: &Path) -> Result<String, TpError> {
     std::fs::read_to_string(path).map_err(|source| TpError::TraceIo {
         path: path.display().to_string(),
@@ -100,12 +112,7 @@ impl Trace {
     }
 
     fn checked(num_spec_tokens: u32, raw: Vec<Event>) -> Result<Self, TpError> {
-        if num_spec_tokens > MAX_SPEC_TOKENS {
-            return Err(TpError::TraceParse {
-                line: 1,
-                message: format!("num_spec_tokens {num_spec_tokens} exceeds {MAX_SPEC_TOKENS}"),
-            });
-        }
+        check_num_spec_tokens(num_spec_tokens)?;
         let mut events = Vec::with_capacity(raw.len());
         let mut finished = std::collections::HashSet::new();
         for (index, r) in raw.into_iter().enumerate() {

@@ -65,6 +65,7 @@ impl WhatIfTrace {
         let (_, header) = lines.next().ok_or_else(|| parse_error(1, "empty trace"))?;
         let header: Header =
             serde_json::from_str(header).map_err(|e| parse_error(1, &format!("header: {e}")))?;
+        crate::replay::check_num_spec_tokens(header.num_spec_tokens)?;
         if header.verify_cost.len() < 2 {
             return Err(parse_error(
                 1,
@@ -180,5 +181,18 @@ mod tests {
 "#;
         let err = WhatIfTrace::parse(no_offer).unwrap_err().to_string();
         assert!(err.contains("offer"), "{err}");
+    }
+
+    /// A crafted header's K is bounded as plain replay bounds it; before, a 4-line trace with
+    /// K near 2^32 sized the per-head tables by it and exhausted memory.
+    #[test]
+    fn a_crafted_k_is_refused_naming_the_bound() {
+        let crafted = r#"{"num_spec_tokens":4000000000,"verify_cost":[[1,0.01],[4,0.02]]}
+{"request":"1","step":0,"t_us":10,"tokens":[5],"type":"prefill"}
+{"accepted":1,"drafted":1,"offered":[6],"request":"1","step":1,"t_us":20,"tokens":[6,7],"type":"verify","verify_us":900}
+{"accepted":0,"drafted":0,"offered":[],"request":"1","step":2,"t_us":30,"tokens":[8],"type":"verify","finish":"length"}
+"#;
+        let err = WhatIfTrace::parse(crafted).unwrap_err().to_string();
+        assert!(err.contains("num_spec_tokens 4000000000 exceeds"), "{err}");
     }
 }
