@@ -32,7 +32,7 @@ async fn what_if_rescores_a_recorded_trace_and_its_report_renders() {
         ..StackConfig::default()
     })
     .await;
-    let mut accepted = 0;
+    let (mut accepted, mut drafted) = (0, 0);
     for prompt in PROMPTS {
         let (status, body) = complete(
             stack.client(),
@@ -41,12 +41,21 @@ async fn what_if_rescores_a_recorded_trace_and_its_report_renders() {
         )
         .await;
         assert_eq!(status, 200, "{body}");
-        accepted += body["choices"][0]["speculate_metrics"]["num_accepted_draft_tokens"]
-            .as_u64()
-            .unwrap();
+        let figures = &body["choices"][0]["speculate_metrics"];
+        accepted += figures["num_accepted_draft_tokens"].as_u64().unwrap();
+        drafted += figures["num_draft_tokens"].as_u64().unwrap();
     }
     assert!(accepted > 0, "repetitive prompts should accept some drafts");
     drop(stack);
+    // The trace is what the responses reported: every verify step of every request, whole.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sum = |field: &str| -> u64 { events.iter().filter_map(|e| e[field].as_u64()).sum() };
+    assert_eq!((sum("accepted"), sum("drafted")), (accepted, drafted));
 
     let out = dir.join("report");
     let run = Command::new(common::binary("token-processor"))

@@ -35,6 +35,7 @@ pub(super) fn load_engine(
                     proposer: engine.proposer_name(),
                     verify_cost: &engine.planner().cost_points(),
                 },
+                config.trace_acceptance_max_mib.max(1) << 20,
             )
             .map_err(|source| EngineError::Trace {
                 path: path.display().to_string(),

@@ -114,8 +114,12 @@ pub struct WorkerConfig {
     pub retain_max_age_secs: u64,
 
     /// Write every step's acceptance events as JSON Lines to this file.
+    /// The file is made 0600 and never through a symlink.
     #[arg(long, env = "SPECULA_TRACE_ACCEPTANCE")]
     pub trace_acceptance: Option<PathBuf>,
+    /// Size (MiB) past which the acceptance trace is rotated to `PATH.1` (one kept).
+    #[arg(long, env = "SPECULA_TRACE_ACCEPTANCE_MAX_MIB", default_value_t = crate::trace::DEFAULT_TRACE_MAX_MIB)]
+    pub trace_acceptance_max_mib: u64,
     /// On SIGTERM: how long running requests may take to finish before they are aborted.
     #[arg(long, env = "SPECULA_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
