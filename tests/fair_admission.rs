@@ -173,3 +173,71 @@ async fn no_client_holds_the_server_reading_or_not() {
     others_are_served(&stack).await;
     drop(unread);
 }
+
+/// The product's bound on a newcomer's first token while one client holds as much as it may
+/// (README, "No client can hold the server").
+const NEWCOMER_FIRST_TOKEN: Duration = Duration::from_secs(2);
+
+/// One client (its own API key) sends 16 streamed requests of 4 long prompts at once and reads
+/// them: it holds the batch slots less one request's share (12 of the worker's 16), its other
+/// requests wait their turn and get their 429. A newcomer with another key then gets its 200
+/// and its first token within 2 s (plus the loaded machine's slack). Before, the one client
+/// held all 64 sequences of the bound, and the newcomer got 429 after the admission wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_with_16_parallel_requests_leaves_a_newcomer_its_first_token() {
+    let stack = Stack::start(StackConfig::default()).await;
+    let url = stack.api("/v1/completions");
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heavy: Vec<_> = (0..16)
+        .map(|_| {
+            let (http, url, statuses) = (stack.client().clone(), url.clone(), statuses.clone());
+            tokio::spawn(async move {
+                let mut body = big_request();
+                body["n"] = json!(1);
+                let sent = http.post(&url).bearer_auth("heavy-client").json(&body).send();
+                let mut response = sent.await.unwrap();
+                statuses.lock().unwrap().push(response.status().as_u16());
+                while let Ok(Some(_)) = response.chunk().await {}
+            })
+        })
+        .collect();
+    wait_until(PATIENCE, "every heavy request answered", || async {
+        statuses.lock().unwrap().len() == 16
+    })
+    .await;
+    let held = admission(&stack).await["sequences_in_flight"].as_u64();
+    let admitted = statuses.lock().unwrap().iter().filter(|&&s| s == 200).count();
+    assert_eq!(held, Some(12), "the worker's 16 slots less one request's share");
+    assert_eq!(admitted, 3, "{:?}", statuses.lock().unwrap());
+
+    let sent = Instant::now();
+    let mut response = stack
+        .client()
+        .post(&url)
+        .bearer_auth("newcomer")
+        .json(&common::openai::completion_body("Say hi:", 8, true))
+        .send()
+        .await
+        .unwrap();
+    let to_status = sent.elapsed();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let mut to_first_token = None;
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        if to_first_token.is_none() && String::from_utf8_lossy(&chunk).contains("\"text\":\"") {
+            to_first_token = Some(sent.elapsed());
+        }
+    }
+    let to_first_token = to_first_token.expect("a token");
+    println!(
+        "newcomer beside a client holding 12 sequences: status {to_status:?}, first token \
+         {to_first_token:?}"
+    );
+    let bound = NEWCOMER_FIRST_TOKEN + LOADED_MACHINE_SLACK;
+    assert!(
+        to_first_token <= bound,
+        "first token after {to_first_token:?} (bound {bound:?})"
+    );
+    for task in heavy {
+        task.abort();
+    }
+}

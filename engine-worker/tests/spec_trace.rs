@@ -28,7 +28,7 @@ fn trace_lines_follow_the_golden_event_format() {
         proposer: "ngram",
         verify_cost: &cost,
     };
-    let mut trace = TraceWriter::create(&path, &run).unwrap();
+    let mut trace = TraceWriter::create(&path, &run, 1 << 30).unwrap();
     // A tight cache forces preemptions; one request is aborted mid-way.
     let backend = ToyBackend::new(32, vec![0], 20, 4);
     let mut engine = Engine::new(backend, engine_config(4, 8), None);

@@ -12,6 +12,11 @@
 //!   waits. A grant is all or nothing (a request's lanes start together), and the client whose
 //!   turn it is blocks the ones behind it until its grant fits, so a large request is never
 //!   starved by small ones.
+//! - **A client never holds every slot**: one client (all its requests) holds at most the
+//!   batch slots (or the bound) less one request's share, whether or not anyone waits, so a
+//!   newcomer always finds room in the batch and gets its first token within a step or two,
+//!   instead of waiting minutes for long generations to end. The rest of its requests wait
+//!   their turn like anyone's.
 //! - Past the admission wait a request is refused with a 429 (TGI's "Model is overloaded"; the
 //!   error carries `Retry-After`).
 //!
@@ -156,6 +161,8 @@ struct Books {
     bound: usize,
     /// Of one client while another waits (also the most one request holds).
     client_share: usize,
+    /// The most one client holds at all ([`Admission::client_cap`]).
+    client_cap: usize,
     held: usize,
     held_by: HashMap<ClientKey, usize>,
     /// Clients with waiting requests, whose turn comes first.
@@ -190,17 +197,25 @@ impl Books {
             .collect()
     }
 
+    /// Whether `client` may take `sequences` more without passing `limit`.
+    fn fits(&self, client: &ClientKey, sequences: usize, limit: usize) -> bool {
+        self.held_by(client) + sequences <= limit
+    }
+
     /// The client whose turn it is: the first in turn order within its share, or, when every
-    /// waiting client is past it, the first.
+    /// waiting client is past it, the first still under its cap; none when every waiting
+    /// client is at its cap (its own sequences must end first).
     fn next_turn(&self) -> Option<usize> {
-        let within_share = |c: &ClientKey| {
-            let next = self.waiting.get(c).and_then(|q| q.front());
-            self.held_by(c) + next.map_or(0, |w| w.sequences) <= self.client_share
+        let next = |c: &ClientKey| {
+            let front = self.waiting.get(c).and_then(|q| q.front());
+            front.map_or(0, |w| w.sequences)
         };
-        if self.turns.is_empty() {
-            return None;
-        }
-        Some(self.turns.iter().position(within_share).unwrap_or(0))
+        let turn_within = |limit: usize| {
+            self.turns
+                .iter()
+                .position(|c| self.fits(c, next(c), limit))
+        };
+        turn_within(self.client_share).or_else(|| turn_within(self.client_cap))
     }
 
     /// Grants waiting requests while they fit, round-robin over clients.
@@ -341,6 +356,18 @@ impl Admission {
         ((base as f64 * self.share).floor() as usize).clamp(1, bound.max(1))
     }
 
+    /// The most sequences one client holds at once: what the workers run at once (or the
+    /// bound, where smaller or unknown) less one request's share, and never less than one
+    /// share. The share it leaves is a newcomer's room in the batch.
+    pub fn client_cap(&self, bound: usize, running: usize) -> usize {
+        let base = match running {
+            0 => bound,
+            running => running.min(bound),
+        };
+        let share = self.request_cap(bound, running);
+        base.saturating_sub(share).max(share)
+    }
+
     /// Sequences admitted and not yet finished.
     pub fn in_flight(&self) -> usize {
         lock(&self.books).held
@@ -371,15 +398,25 @@ impl Admission {
             let mut books = lock(&self.books);
             books.bound = bound;
             books.client_share = cap;
+            books.client_cap = self.client_cap(bound, workers.running);
             let grants = books.grant(&self.books);
-            if books.waiting.is_empty() && books.held + n <= bound {
+            let client_cap = books.client_cap;
+            if books.waiting.is_empty()
+                && books.held + n <= bound
+                && books.fits(client, n, client_cap)
+            {
                 let admitted = books.take(&self.books, client, n);
                 drop(books);
                 deliver(grants);
                 return Ok(admitted);
             }
             match books.enqueue(client, n) {
-                Some((id, rx)) => (id, rx, grants),
+                // Waiting behind a client at its cap only, it may be granted at once.
+                Some((id, rx)) => {
+                    let mut grants = grants;
+                    grants.extend(books.grant(&self.books));
+                    (id, rx, grants)
+                }
                 None => {
                     drop(books);
                     deliver(grants);
@@ -571,7 +608,8 @@ mod tests {
         assert_eq!(&order[2..], &[("hog", 1), ("hog", 2), ("hog", 3)]);
     }
 
-    /// A client past its share is passed over while another waits, but not when it is alone.
+    /// A client past its share is passed over while another waits; alone, it holds all but
+    /// one share, which a newcomer takes at once.
     #[tokio::test]
     async fn a_client_past_its_share_yields_to_others() {
         let a = Arc::new(Admission::new(
@@ -580,30 +618,67 @@ mod tests {
             0.25,
             Duration::from_secs(5),
         ));
+        assert_eq!(a.client_cap(8, 0), 6);
         let hog = client("hog");
-        // Alone, the hog may fill the bound two at a time.
+        // Alone, the hog fills all but one share, two at a time.
         let mut held: Vec<_> = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..3 {
             held.extend(a.admit(2, &hog, cap(0)).await.unwrap());
         }
-        assert_eq!(a.in_flight(), 8);
+        assert_eq!(a.in_flight(), 6);
         let hog_waits = tokio::spawn({
             let a = Arc::clone(&a);
             async move { a.admit(2, &client("hog"), cap(0)).await.map(|v| v.len()) }
         });
         tokio::task::yield_now().await;
-        let other = tokio::spawn({
+        assert!(!hog_waits.is_finished(), "at its cap, though the bound has room");
+        // A newcomer finds the share the hog left, at once.
+        let other = a.admit(2, &client("other"), cap(0)).await.unwrap();
+        assert_eq!(other.len(), 2);
+        assert_eq!(a.in_flight(), 8);
+        let third = tokio::spawn({
             let a = Arc::clone(&a);
-            async move { a.admit(2, &client("other"), cap(0)).await }
+            async move { a.admit(2, &client("third"), cap(0)).await }
         });
         tokio::task::yield_now().await;
-        held.truncate(6); // two free: the hog was first, but holds more than its share
-        let other_holds = other.await.unwrap().unwrap();
-        assert_eq!(other_holds.len(), 2);
+        held.truncate(4); // two free: the hog was first, but holds more than its share
+        let third_holds = third.await.unwrap().unwrap();
+        assert_eq!(third_holds.len(), 2);
         tokio::task::yield_now().await;
         assert!(!hog_waits.is_finished());
-        held.truncate(4);
+        drop(other);
         assert_eq!(hog_waits.await.unwrap().unwrap(), 2);
+    }
+
+    /// What the workers run bounds one client: 16 batch slots, a quarter share of 4 per
+    /// request, so one client holds 12 however many requests it sends, and a newcomer's
+    /// request is admitted at once beside them (before: the client held all 64 of the bound
+    /// and the newcomer waited out the admission wait, then got its 429).
+    #[tokio::test]
+    async fn one_client_with_many_requests_leaves_a_newcomer_its_room() {
+        let a = Arc::new(Admission::new(
+            AdmissionBound::Fixed(64),
+            1,
+            DEFAULT_REQUEST_SHARE,
+            WAIT,
+        ));
+        let slots = Capacity {
+            auto_bound: 64,
+            running: 16,
+        };
+        assert_eq!(a.client_cap(64, 16), 12);
+        let hog = client("hog");
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..16 {
+            match a.admit(4, &hog, slots).await {
+                Ok(got) => held.extend(got),
+                Err(_) => refused += 1,
+            }
+        }
+        assert_eq!((held.len(), refused), (12, 13));
+        let newcomer = tokio::time::timeout(WAIT / 2, a.admit(4, &client("new"), slots)).await;
+        assert_eq!(newcomer.expect("admitted without waiting").unwrap().len(), 4);
     }
 
     /// A waiter whose client went away (its future dropped) leaves no trace and no permits.
@@ -646,7 +721,11 @@ mod tests {
                     if let Ok(mut got) = a.admit(1 + rand(8) as usize, &who, cap(bound)).await {
                         assert!(got.len() <= a.request_cap(bound, 0));
                         held.append(&mut got);
-                        assert!(held.len() <= bound.max(40), "{} > {bound}", held.len());
+                        // Admitted only within the bound and the client's cap in force now.
+                        assert!(held.len() <= bound, "{} > {bound}", held.len());
+                        let by_who = held.iter().filter(|h| h.client == who).count();
+                        let client_cap = a.client_cap(bound, 0);
+                        assert!(by_who <= client_cap, "{by_who} > {client_cap}");
                     }
                 }
                 1 => {
