@@ -112,3 +112,83 @@ async fn a_long_bad_words_list_is_refused_before_any_work() {
     assert!(streamed.error.is_none(), "{:?}", streamed.error);
     assert_eq!(streamed.finish_reason.as_deref(), Some("length"));
 }
+
+/// Reads everything a connection delivers until it ends (or the patience runs out).
+async fn read_to_end(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut all = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return all,
+            Ok(Ok(n)) => all.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A whole (non-streamed) response is held for a client that reads nothing no longer than the
+/// write timeout, as a stream is: a completion with `echo` and 20 logprobs (hundreds of KB of
+/// JSON) to a client with a 4 KiB receive buffer is cut off, and the client that comes back to
+/// read finds the connection ended short of the body. Before, the server held the response
+/// (and its connection) for as long as the client did, and the late reader got all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_whole_response_is_not_held_for_a_client_that_reads_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let _g = SERIAL.lock().await;
+    let write_timeout = Duration::from_secs(2);
+    let stack = Stack::start(StackConfig {
+        api_args: vec![
+            "--stream-write-timeout-secs".into(),
+            write_timeout.as_secs().to_string(),
+        ],
+        ..StackConfig::default()
+    })
+    .await;
+    let body = json!({
+        "model": MODEL, "prompt": "The cat sat on the mat. ".repeat(250), "max_tokens": 1,
+        "echo": true, "logprobs": 20, "temperature": 0,
+    });
+    // A reading client: how long the answer takes, and how long it is.
+    let started = Instant::now();
+    let whole = stack
+        .client()
+        .post(stack.api("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.status(), 200);
+    let length = whole.bytes().await.unwrap().len();
+    let took = started.elapsed();
+    assert!(
+        length > 512 * 1024,
+        "a response larger than every buffer: {length} bytes"
+    );
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut quiet = socket
+        .connect(format!("127.0.0.1:{}", stack.api_port).parse().unwrap())
+        .await
+        .unwrap();
+    let text = body.to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        text.len()
+    );
+    quiet.write_all(head.as_bytes()).await.unwrap();
+    quiet.write_all(text.as_bytes()).await.unwrap();
+    // Reads nothing while the answer is made, then for twice the write timeout and the slack.
+    tokio::time::sleep(took * 2 + write_timeout * 2 + common::timing::LOADED_MACHINE_SLACK).await;
+    let got = read_to_end(&mut quiet).await;
+    println!(
+        "whole response of {length} bytes: the quiet client got {} bytes before the server \
+         ended the connection",
+        got.len()
+    );
+    assert!(
+        got.len() < length,
+        "the server held the whole response for a client that read nothing"
+    );
+}

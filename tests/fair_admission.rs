@@ -194,7 +194,11 @@ async fn a_client_with_16_parallel_requests_leaves_a_newcomer_its_first_token() 
             tokio::spawn(async move {
                 let mut body = big_request();
                 body["n"] = json!(1);
-                let sent = http.post(&url).bearer_auth("heavy-client").json(&body).send();
+                let sent = http
+                    .post(&url)
+                    .bearer_auth("heavy-client")
+                    .json(&body)
+                    .send();
                 let mut response = sent.await.unwrap();
                 statuses.lock().unwrap().push(response.status().as_u16());
                 while let Ok(Some(_)) = response.chunk().await {}
@@ -206,8 +210,17 @@ async fn a_client_with_16_parallel_requests_leaves_a_newcomer_its_first_token() 
     })
     .await;
     let held = admission(&stack).await["sequences_in_flight"].as_u64();
-    let admitted = statuses.lock().unwrap().iter().filter(|&&s| s == 200).count();
-    assert_eq!(held, Some(12), "the worker's 16 slots less one request's share");
+    let admitted = statuses
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&s| s == 200)
+        .count();
+    assert_eq!(
+        held,
+        Some(12),
+        "the worker's 16 slots less one request's share"
+    );
     assert_eq!(admitted, 3, "{:?}", statuses.lock().unwrap());
 
     let sent = Instant::now();

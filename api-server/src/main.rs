@@ -56,8 +56,9 @@ struct Args {
     /// retransmission (1 s) before the server sees it.
     #[arg(long, env = "SPECULA_LISTEN_BACKLOG", default_value_t = 4096)]
     listen_backlog: u32,
-    /// A streamed response whose client reads nothing for this many seconds is dropped: its
-    /// sequences are aborted and their room under the admission bound given back.
+    /// A response whose client reads nothing for this many seconds is dropped: a stream's
+    /// sequences are aborted and their room under the admission bound given back; a whole
+    /// response's connection is closed and its buffers freed.
     #[arg(long, env = "SPECULA_STREAM_WRITE_TIMEOUT_SECS", default_value_t = 30)]
     stream_write_timeout_secs: u64,
     /// A request's body must arrive within this many seconds of its headers (a client that
@@ -220,6 +221,7 @@ async fn serve_until_shutdown(
     };
     let limits = link::http::HttpLimits {
         header_read_timeout: Duration::from_secs(args.http_header_timeout_secs.max(1)),
+        write_timeout: Duration::from_secs(args.stream_write_timeout_secs.max(1)),
         max_connections: args.max_connections,
     };
     let server = link::http::serve(listener, app, limits, graceful);

@@ -458,3 +458,27 @@ async fn control_tokens_written_in_chat_content_are_text() {
     assert_eq!(control(&strs, "<|im_start|>"), 1, "{strs:?}");
     assert_eq!(control(&strs, "<|im_end|>"), 2, "{strs:?}");
 }
+
+/// `/tokenize` answers at most the model's context, as a generation's prompt: a longer prompt
+/// or chat is refused naming the field (before, any length was tokenized and answered).
+#[tokio::test]
+async fn tokenize_refuses_text_longer_than_the_context() {
+    let long = " hello".repeat(8200);
+    for body in [
+        json!({"prompt": long}),
+        json!({"messages": [{"role": "user", "content": long}]}),
+    ] {
+        let (status, v) = post("/tokenize", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("8192 tokens"),
+            "{v}"
+        );
+    }
+    let (status, v) = post("/tokenize", json!({"prompt": " hello".repeat(8000)})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["count"], 8000);
+}

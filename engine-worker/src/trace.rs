@@ -115,7 +115,9 @@ impl TraceWriter {
                 }
                 Ok(())
             }
-            Err(TrySendError::Disconnected(_)) => Err(self.finish().err().unwrap_or_else(writer_gone)),
+            Err(TrySendError::Disconnected(_)) => {
+                Err(self.finish().err().unwrap_or_else(writer_gone))
+            }
         }
     }
 
@@ -321,7 +323,11 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text.lines().count(), 2, "header and one event, the old text gone");
+        assert_eq!(
+            text.lines().count(),
+            2,
+            "header and one event, the old text gone"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -334,7 +340,9 @@ mod tests {
         let max = 4096;
         let mut trace = TraceWriter::create(&path, &run(), max).unwrap();
         for step in 0..400u64 {
-            trace.record(&[verify_row(step), verify_row(step + 1000)], None).unwrap();
+            trace
+                .record(&[verify_row(step), verify_row(step + 1000)], None)
+                .unwrap();
         }
         trace.finish().unwrap();
         let old = dir.join("trace.jsonl.1");
@@ -342,13 +350,27 @@ mod tests {
             .iter()
             .map(|p| std::fs::read_to_string(p).unwrap())
             .collect();
-        let longest_step = files[1].lines().skip(1).take(2).map(|l| l.len() + 1).sum::<usize>();
+        let longest_step = files[1]
+            .lines()
+            .skip(1)
+            .take(2)
+            .map(|l| l.len() + 1)
+            .sum::<usize>();
         for text in &files {
-            assert!(text.len() <= max as usize + longest_step, "{} bytes", text.len());
+            assert!(
+                text.len() <= max as usize + longest_step,
+                "{} bytes",
+                text.len()
+            );
             let header: Header = serde_json::from_str(text.lines().next().unwrap()).unwrap();
             assert_eq!(header.num_spec_tokens, 4);
             let events = text.lines().skip(1);
-            assert!(events.map(|l| serde_json::from_str::<Event>(l).unwrap()).count() > 0);
+            assert!(
+                events
+                    .map(|l| serde_json::from_str::<Event>(l).unwrap())
+                    .count()
+                    > 0
+            );
         }
         // The newest steps are in PATH, in order.
         let last: Event = serde_json::from_str(files[0].lines().last().unwrap()).unwrap();

@@ -167,6 +167,15 @@ impl Registry {
         }
     }
 
+    /// Removes every series of `worker`, from every family (it left; see
+    /// [`crate::metrics::install`] for when).
+    pub fn forget_worker(&self, worker: &str) {
+        for family in &self.families {
+            let mut series = family.series.lock().unwrap_or_else(|e| e.into_inner());
+            series.retain(|s| s.labels.worker != worker);
+        }
+    }
+
     /// Appends every family with at least one series, in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
         for family in &self.families {
@@ -287,6 +296,13 @@ pub fn counter(name: &str, labels: &Labels, more: &[(&str, &str)]) -> OwnCounter
 pub fn retire(names: &[&str], keep: &[Labels]) {
     if let Some(registry) = GLOBAL.get() {
         registry.retire(names, keep);
+    }
+}
+
+/// [`Registry::forget_worker`] on the process registry (nothing before [`install`]).
+pub fn forget_worker(worker: &str) {
+    if let Some(registry) = GLOBAL.get() {
+        registry.forget_worker(worker);
     }
 }
 

@@ -6,9 +6,12 @@
 //! defines every series. Finish reasons are separate counters so that
 //! no other label exists.
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-use metrics::{Counter, Gauge, Histogram, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use metrics::{Counter, Gauge, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 use proto::worker_tp::{CostPoint, KvBlocks, COST_POINT_TOKENS, MAX_COST_POINTS};
 
 use crate::binned::{self, BinnedHistogram, Labels, OwnCounter};
@@ -119,7 +122,16 @@ const PROCESS_COUNTERS: &[&str] = &[
 /// ([`binned`]: the histograms observed once per batch row, and the spec's counters).
 /// `max_spec_tokens` sets the per-step buckets `le="0".."K"` (one bucket set per metric name,
 /// so the largest K expected).
-pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
+///
+/// A departed worker's series are removed `departed_retention` after its last update: the
+/// recorder's counters and gauges by its idle timeout (a live worker's are touched at every
+/// heartbeat, [`WorkerMetrics::keep_alive`], the process's own by the upkeep,
+/// [`keep_process_series_alive`]), the rendered ones by [`forget_worker`]. Histograms are all
+/// rendered ones, which the recorder's idle timeout could not spare without a recording.
+pub fn install(
+    max_spec_tokens: u32,
+    departed_retention: Duration,
+) -> Result<PrometheusHandle, TpError> {
     let mut own = binned::Registry::default();
     declare_speculation(&mut own, max_spec_tokens);
     own.declare(
@@ -127,15 +139,25 @@ pub fn install(max_spec_tokens: u32) -> Result<PrometheusHandle, TpError> {
         "Time between consecutive token deliveries of a request, in seconds.",
         ITL_BUCKETS,
     );
+    own.declare(
+        TTFT,
+        "Time from arrival at the api-server to the first output token, in seconds.",
+        TTFT_BUCKETS,
+    );
+    own.declare(
+        E2E,
+        "Time from arrival at the api-server to the final output, in seconds.",
+        E2E_BUCKETS,
+    );
+    own.declare(
+        BATCH_PROCESSING,
+        "Time to decode and account one step batch and queue its outputs, in seconds.",
+        BATCH_BUCKETS,
+    );
     binned::install(own);
     let err = |e: metrics_exporter_prometheus::BuildError| TpError::Metrics(e.to_string());
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(TTFT.into()), TTFT_BUCKETS)
-        .map_err(err)?
-        .set_buckets_for_metric(Matcher::Full(E2E.into()), E2E_BUCKETS)
-        .map_err(err)?
-        .set_buckets_for_metric(Matcher::Full(BATCH_PROCESSING.into()), BATCH_BUCKETS)
-        .map_err(err)?
+        .idle_timeout(MetricKindMask::ALL, Some(departed_retention))
         .install_recorder()
         .map_err(err)?;
     describe_all();
@@ -265,16 +287,6 @@ fn describe_requests() {
         Unit::Count,
         "Output tokens delivered to api-servers."
     );
-    describe_histogram!(
-        TTFT,
-        Unit::Seconds,
-        "Time from arrival at the api-server to the first output token."
-    );
-    describe_histogram!(
-        E2E,
-        Unit::Seconds,
-        "Time from arrival at the api-server to the final output."
-    );
     describe_gauge!(
         REQUESTS_RUNNING,
         Unit::Count,
@@ -311,11 +323,6 @@ fn describe_connections() {
 
 /// How step batches and their rows were processed, or why they were not.
 fn describe_step_batches() {
-    describe_histogram!(
-        BATCH_PROCESSING,
-        Unit::Seconds,
-        "Time to decode and account one step batch and queue its outputs."
-    );
     describe_counter!(
         GAPS,
         Unit::Count,
@@ -502,14 +509,14 @@ pub struct WorkerMetrics {
     prompt_tokens: Counter,
     prefix_cache_hits: Counter,
     generation_tokens: Counter,
-    ttft: Histogram,
+    ttft: BinnedHistogram,
     itl: BinnedHistogram,
-    e2e: Histogram,
+    e2e: BinnedHistogram,
     pub running: Gauge,
     /// [`KV_CACHE_BLOCKS`] by [`KV_BLOCK_STATES`].
     kv_blocks: [Gauge; 3],
     kv_bytes: Gauge,
-    pub batch_processing: Histogram,
+    pub batch_processing: BinnedHistogram,
     pub gaps: Counter,
     pub invalid_batches: Counter,
     pub stale: Counter,
@@ -561,6 +568,7 @@ impl WorkerMetrics {
             handle
         });
         let kv_bytes = gauge!(KV_CACHE_BYTES, &labels);
+        let worker_labels = Labels::new(model, worker, &[]);
         Self {
             classes,
             policy: PolicySeries::new(model, worker),
@@ -568,13 +576,13 @@ impl WorkerMetrics {
             prompt_tokens: c(PROMPT_TOKENS),
             prefix_cache_hits: c(PREFIX_CACHE_HITS),
             generation_tokens: c(GENERATION_TOKENS),
-            ttft: histogram!(TTFT, &labels),
-            itl: binned::histogram(ITL, &Labels::new(model, worker, &[])),
-            e2e: histogram!(E2E, &labels),
+            ttft: binned::histogram(TTFT, &worker_labels),
+            itl: binned::histogram(ITL, &worker_labels),
+            e2e: binned::histogram(E2E, &worker_labels),
             running,
             kv_blocks,
             kv_bytes,
-            batch_processing: histogram!(BATCH_PROCESSING, &labels),
+            batch_processing: binned::histogram(BATCH_PROCESSING, &worker_labels),
             gaps: c(GAPS),
             invalid_batches: c(INVALID_BATCHES),
             stale: c(STALE_BATCHES),
@@ -582,6 +590,31 @@ impl WorkerMetrics {
             refused: c(REFUSED),
             lost: c(WORKERS_LOST),
             resyncs: c(RESYNCS),
+        }
+    }
+
+    /// Touches every recorder series of the worker (a zero increment), so that the idle
+    /// timeout that removes departed workers' series never removes a live one's: called at
+    /// each of its heartbeats.
+    pub fn keep_alive(&self) {
+        let counters = self.finished.iter().chain([
+            &self.prompt_tokens,
+            &self.prefix_cache_hits,
+            &self.generation_tokens,
+            &self.gaps,
+            &self.invalid_batches,
+            &self.stale,
+            &self.unknown_rows,
+            &self.refused,
+            &self.lost,
+            &self.resyncs,
+        ]);
+        for counter in counters {
+            counter.increment(0);
+        }
+        let gauges = self.kv_blocks.iter().chain(&self.policy.verify_cost);
+        for gauge in gauges.chain([&self.running, &self.kv_bytes]) {
+            gauge.increment(0.0);
         }
     }
 
@@ -641,14 +674,14 @@ impl WorkerMetrics {
         self.prompt_tokens.increment(obs.prompt_tokens);
         self.prefix_cache_hits.increment(obs.cached_prompt_tokens);
         self.generation_tokens.increment(obs.generation_tokens);
-        for &s in &obs.ttft_s {
-            self.ttft.record(s);
+        if !obs.ttft_s.is_empty() {
+            self.ttft.observe(obs.ttft_s.iter().map(|&s| (s, 1)));
         }
         if !obs.itl_s.is_empty() {
             self.itl.observe(obs.itl_s.iter().map(|&s| (s, 1)));
         }
-        for &s in &obs.e2e_s {
-            self.e2e.record(s);
+        if !obs.e2e_s.is_empty() {
+            self.e2e.observe(obs.e2e_s.iter().map(|&s| (s, 1)));
         }
         if obs.unknown_rows > 0 {
             self.unknown_rows.increment(obs.unknown_rows);
@@ -693,4 +726,20 @@ pub fn set_workers_connected(n: usize) {
 
 pub fn set_api_servers_connected(n: usize) {
     gauge!(API_SERVERS_CONNECTED).set(n as f64);
+}
+
+/// Touches the process's own series (no worker label) so the recorder's idle timeout, which
+/// removes departed workers' series, never removes them: called by the upkeep.
+pub fn keep_process_series_alive() {
+    for name in PROCESS_COUNTERS {
+        counter!(*name).increment(0);
+    }
+    gauge!(WORKERS_CONNECTED).increment(0.0);
+    gauge!(API_SERVERS_CONNECTED).increment(0.0);
+}
+
+/// Removes every rendered series of a worker that left (its spec series, histograms): the
+/// recorder's own drop by their idle timeout.
+pub fn forget_worker(worker: &str) {
+    binned::forget_worker(worker);
 }

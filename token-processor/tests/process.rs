@@ -243,12 +243,12 @@ fn worker_hello(epoch: u64, proposer: &str, draft_kv_bytes: u64) -> WorkerHello 
 impl FakeWorker {
     /// Connects, says `hello` and resyncs (no requests), then starts heartbeating.
     async fn connect(endpoint: &str, hello: WorkerHello) -> FakeWorker {
-        let epoch = hello.epoch;
+        let (epoch, id) = (hello.epoch, hello.worker_id.clone());
         let mut socket = DealerSocket::new();
         socket.connect(endpoint).await.unwrap();
         send(&mut socket, &WorkerToTp::Hello(hello)).await;
         let resync = Resync {
-            worker_id: WORKER.into(),
+            worker_id: id.clone(),
             epoch,
             next_seq: 0,
             requests: vec![],
@@ -262,7 +262,7 @@ impl FakeWorker {
                 tick.tick().await;
                 let mut guard = beating.lock().await;
                 let (socket, next_seq) = &mut *guard;
-                let hb = Heartbeat::idle(WORKER.into(), epoch, *next_seq);
+                let hb = Heartbeat::idle(id.clone(), epoch, *next_seq);
                 send(socket, &WorkerToTp::Heartbeat(hb)).await;
             }
         });
@@ -305,6 +305,17 @@ impl FakeWorker {
                 }
             }
         }
+    }
+
+    /// Says goodbye, as a worker that shuts down does, and stops heartbeating.
+    async fn goodbye(&self, worker_id: &str) {
+        self.heartbeats.abort();
+        let mut guard = self.link.lock().await;
+        let goodbye = WorkerToTp::Goodbye {
+            worker_id: worker_id.into(),
+            epoch: self.epoch,
+        };
+        send(&mut guard.0, &goodbye).await;
     }
 
     /// Stops heartbeating, as a hung or killed worker does.
@@ -689,4 +700,79 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Workers that say hello under new ids and leave (goodbye, or silence), over and over, do not
+/// grow `/metrics`: a departed worker's series are removed after `--departed-retention-secs`,
+/// while a live worker's stay, however long it sends nothing but heartbeats. Before, every id
+/// ever seen kept its series for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departed_workers_series_are_removed_after_the_retention() {
+    let (ingest_port, api_port, http_port) = (free_port(), free_port(), free_port());
+    let ingest = format!("tcp://127.0.0.1:{ingest_port}");
+    let retention = Duration::from_secs(2);
+    let child = Command::new(env!("CARGO_BIN_EXE_token-processor"))
+        .args(["--ingest-endpoint", &ingest])
+        .args(["--api-endpoint", &format!("tcp://127.0.0.1:{api_port}")])
+        .args(["--metrics-port", &http_port.to_string()])
+        .args(["--heartbeat-interval-ms", &HEARTBEAT_MS.to_string()])
+        .args([
+            "--departed-retention-secs",
+            &retention.as_secs().to_string(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn token-processor");
+    let _guard = Guard(child);
+    wait_health(http_port, 503, Duration::from_secs(20)).await;
+    let scrape = || async { http_get(http_port, "/metrics").await.unwrap().1 };
+    let series_of = |text: &str, id: &str| {
+        let label = format!("worker=\"{id}\"");
+        text.lines().filter(|l| l.contains(&label)).count()
+    };
+
+    let live = FakeWorker::connect(
+        &ingest,
+        WorkerHello {
+            worker_id: "live".into(),
+            ..worker_hello(1, "ngram", 0)
+        },
+    )
+    .await;
+    wait_health(http_port, 200, detection_bound()).await;
+    let per_worker = series_of(&scrape().await, "live");
+    assert!(per_worker > 20, "a worker's series: {per_worker}");
+    for round in 0..6 {
+        let id = format!("passing-{round}");
+        let hello = WorkerHello {
+            worker_id: id.clone(),
+            ..worker_hello(1, "ngram", 0)
+        };
+        let worker = FakeWorker::connect(&ingest, hello).await;
+        let deadline = Instant::now() + detection_bound();
+        while series_of(&scrape().await, &id) < per_worker {
+            assert!(Instant::now() < deadline, "{id} never showed its series");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Half leave with a goodbye, half fall silent (declared dead).
+        match round % 2 {
+            0 => worker.goodbye(&id).await,
+            _ => worker.fall_silent().await,
+        }
+    }
+    // The last one is declared dead within the detection bound; then the retention runs.
+    tokio::time::sleep(detection_bound() + retention + SLACK).await;
+    let text = scrape().await;
+    for round in 0..6 {
+        let id = format!("passing-{round}");
+        assert_eq!(series_of(&text, &id), 0, "{id} still has series:\n{text}");
+    }
+    assert_eq!(
+        series_of(&text, "live"),
+        per_worker,
+        "the live worker keeps every series"
+    );
+    drop(live);
 }

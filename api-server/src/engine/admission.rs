@@ -210,11 +210,8 @@ impl Books {
             let front = self.waiting.get(c).and_then(|q| q.front());
             front.map_or(0, |w| w.sequences)
         };
-        let turn_within = |limit: usize| {
-            self.turns
-                .iter()
-                .position(|c| self.fits(c, next(c), limit))
-        };
+        let turn_within =
+            |limit: usize| self.turns.iter().position(|c| self.fits(c, next(c), limit));
         turn_within(self.client_share).or_else(|| turn_within(self.client_cap))
     }
 
@@ -631,7 +628,10 @@ mod tests {
             async move { a.admit(2, &client("hog"), cap(0)).await.map(|v| v.len()) }
         });
         tokio::task::yield_now().await;
-        assert!(!hog_waits.is_finished(), "at its cap, though the bound has room");
+        assert!(
+            !hog_waits.is_finished(),
+            "at its cap, though the bound has room"
+        );
         // A newcomer finds the share the hog left, at once.
         let other = a.admit(2, &client("other"), cap(0)).await.unwrap();
         assert_eq!(other.len(), 2);
@@ -678,7 +678,10 @@ mod tests {
         }
         assert_eq!((held.len(), refused), (12, 13));
         let newcomer = tokio::time::timeout(WAIT / 2, a.admit(4, &client("new"), slots)).await;
-        assert_eq!(newcomer.expect("admitted without waiting").unwrap().len(), 4);
+        assert_eq!(
+            newcomer.expect("admitted without waiting").unwrap().len(),
+            4
+        );
     }
 
     /// A waiter whose client went away (its future dropped) leaves no trace and no permits.

@@ -9,7 +9,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -125,21 +124,38 @@ async fn answer_whole<F: Flavour, E: ServingEngine>(
     n: u32,
 ) -> Result<Response, ApiError> {
     let mut results = collect_all(lanes).await?;
-    let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
-    let usage = total_usage(&ends, n);
-    results.sort_by_key(|(_, end)| end.index);
-    Ok(Json(WholeResponse {
-        id: head.id,
-        object: F::OBJECT,
-        created: head.created,
-        model: head.model,
-        choices: results
-            .into_iter()
-            .map(|(text, end)| F::choice(text, end))
-            .collect(),
-        usage,
+    // Rendering the choices (logprobs' token texts) and the JSON is off the runtime: with
+    // `echo` and 20 logprobs a response runs to megabytes.
+    let body = tokio::task::spawn_blocking(move || {
+        let ends: Vec<_> = results.iter().map(|(_, end)| end).collect();
+        let usage = total_usage(&ends, n);
+        results.sort_by_key(|(_, end)| end.index);
+        serde_json::to_vec(&WholeResponse {
+            id: head.id,
+            object: F::OBJECT,
+            created: head.created,
+            model: head.model,
+            choices: results
+                .into_iter()
+                .map(|(text, end)| F::choice(text, end))
+                .collect(),
+            usage,
+        })
     })
-    .into_response())
+    .await
+    .map_err(|_| ApiError::Internal)?
+    .map_err(|error| {
+        tracing::error!(%error, "cannot serialize a response");
+        ApiError::Internal
+    })?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
 }
 
 /// A stream's chunks in flavour `F`.

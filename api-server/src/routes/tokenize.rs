@@ -38,8 +38,10 @@ fn tokenize_request(
 ) -> Result<TokenizeResponse, ApiError> {
     refuse_unknown(&req.unknown, "")?;
     let tokenizer = &model.tokenizer;
+    let max_tokens = limits.max_model_len as usize;
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => {
+            refuse_longer_than_context("prompt", prompt, tokenizer, max_tokens)?;
             if req.add_generation_prompt.is_some() {
                 return Err(ApiError::invalid(
                     "add_generation_prompt",
@@ -60,6 +62,7 @@ fn tokenize_request(
                 tokenizer,
                 limits,
             )?;
+            refuse_longer_than_context("messages", &text, tokenizer, max_tokens)?;
             tokenizer.encode_chat(&text, req.add_special_tokens.unwrap_or(false))?
         }
         _ => {
@@ -69,6 +72,16 @@ fn tokenize_request(
             ))
         }
     };
+    if tokens.len() > max_tokens {
+        return Err(too_long(
+            if req.prompt.is_some() {
+                "prompt"
+            } else {
+                "messages"
+            },
+            max_tokens,
+        ));
+    }
     let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
         tokens
             .iter()
@@ -81,6 +94,27 @@ fn tokenize_request(
         tokens,
         token_strs,
     })
+}
+
+/// What `/tokenize` answers is bounded by the model's context, as a generation's prompt is:
+/// text that is certainly longer is refused before it is tokenized.
+fn refuse_longer_than_context(
+    param: &'static str,
+    text: &str,
+    tokenizer: &crate::tokenizer::Tokenizer,
+    max_tokens: usize,
+) -> Result<(), ApiError> {
+    match tokenizer.exceeds_tokens(text, max_tokens) {
+        true => Err(too_long(param, max_tokens)),
+        false => Ok(()),
+    }
+}
+
+fn too_long(param: &'static str, max_tokens: usize) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!("more than the model's context of {max_tokens} tokens"),
+    )
 }
 
 pub async fn detokenize<E: ServingEngine>(

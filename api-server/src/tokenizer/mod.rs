@@ -48,7 +48,11 @@ impl Tokenizer {
         bos_policy: BosPolicy,
     ) -> Self {
         let max_token_bytes = (0..token_bytes.len() as u32)
-            .map(|id| token_bytes.get(id).len())
+            .map(|id| {
+                // A special token's literal text is one token too.
+                let literal = token_bytes.literal(id).map_or(0, <[u8]>::len);
+                token_bytes.get(id).len().max(literal)
+            })
             .max()
             .unwrap_or(1)
             .max(1);

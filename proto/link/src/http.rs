@@ -1,7 +1,8 @@
 //! The HTTP server of the api-server and the token-processor: hyper's HTTP/1.1 connection
 //! builder under an axum router, with the limits `axum::serve` does not offer. A client must send a request's headers within
 //! `header_read_timeout` (also the idle limit of a kept-alive connection), so a slow or silent
-//! client cannot hold a connection forever; at most `max_connections` are open at once (beyond
+//! client cannot hold a connection forever; a write blocked for `write_timeout` ends the
+//! connection, so a client that stops reading cannot hold a response either; at most `max_connections` are open at once (beyond
 //! it, new connections wait in the kernel's backlog); on shutdown no connection is accepted and
 //! open ones finish their requests.
 
@@ -19,6 +20,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
+
+use crate::write_deadline::WriteDeadline;
 
 /// The HTTP listener on `addr`, with room for `backlog` connections the kernel has completed but
 /// the server not yet accepted (Linux caps it at `net.core.somaxconn`). Tokio's own `bind` asks
@@ -53,6 +56,10 @@ pub const SEND_BUFFER_BYTES: u32 = 128 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
     pub header_read_timeout: Duration,
+    /// A write that makes no progress for this long ends the connection
+    /// ([`WriteDeadline`](crate::write_deadline::WriteDeadline)): no response, whole or
+    /// streamed, is held for a client that stopped reading.
+    pub write_timeout: Duration,
     pub max_connections: usize,
 }
 
@@ -143,6 +150,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let socket = ConnectionSocket(stream.as_raw_fd());
+        let stream = WriteDeadline::new(stream, limits.write_timeout);
         let connection = http.serve_connection(TokioIo::new(stream), with_peer(&app, peer, socket));
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -32,6 +32,7 @@ pub mod liveness;
 pub mod peers;
 pub mod router;
 pub mod service;
+pub mod write_deadline;
 
 pub use backoff::Backoff;
 pub use error::LinkError;

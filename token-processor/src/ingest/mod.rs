@@ -10,8 +10,8 @@ mod state;
 mod tests;
 
 pub use state::{
-    Ingest, IngestConfig, IngestStats, WorkerEntry, WorkerView, DEFAULT_MAX_REQUESTS_PER_WORKER,
-    DEFAULT_MAX_WORKERS, MAX_SPEC_TOKENS,
+    Ingest, IngestConfig, IngestStats, WorkerEntry, WorkerView, DEFAULT_DEPARTED_RETENTION,
+    DEFAULT_MAX_REQUESTS_PER_WORKER, DEFAULT_MAX_WORKERS, MAX_SPEC_TOKENS,
 };
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -24,7 +24,7 @@
 //! - Every batch is validated against the worker's K first; an invalid one is counted, dropped,
 //!   and the requests it names fail.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,14 @@ pub struct IngestConfig {
     pub max_workers: usize,
     /// The request classes that label the acceptance series (anything else is `other`).
     pub classes: Arc<RequestClasses>,
+    /// How long a departed worker's series and totals are kept (a last scrape or alert sees
+    /// its final figures), then removed: workers that come and go under new ids do not grow
+    /// `/metrics` or the books without limit.
+    pub departed_retention: Duration,
 }
+
+/// The default [`IngestConfig::departed_retention`].
+pub const DEFAULT_DEPARTED_RETENTION: Duration = Duration::from_secs(600);
 
 impl Default for IngestConfig {
     fn default() -> Self {
@@ -64,6 +71,7 @@ impl Default for IngestConfig {
             max_requests_per_worker: DEFAULT_MAX_REQUESTS_PER_WORKER,
             max_workers: DEFAULT_MAX_WORKERS,
             classes: Arc::default(),
+            departed_retention: DEFAULT_DEPARTED_RETENTION,
         }
     }
 }
@@ -159,13 +167,20 @@ pub struct IngestStats {
     pub resyncs: u64,
 }
 
+/// Departed workers remembered for removal at once; past it the oldest go early.
+pub const MAX_DEPARTED: usize = 4096;
+
 #[derive(Debug, Default)]
 pub struct Ingest {
     config: IngestConfig,
     workers: HashMap<String, WorkerEntry>,
     /// Per worker id, the figures of every verification step seen since start (what the spec's
-    /// counters hold). One entry per worker id ever seen, like the Prometheus series.
+    /// counters hold). One entry per worker id live or departed within the retention, like the
+    /// Prometheus series.
     totals: HashMap<String, Figures>,
+    /// Workers that left, oldest first, with when (monotonic ns): their series and totals go
+    /// once the retention has run, unless they came back.
+    departed: VecDeque<(String, u64)>,
     stats: IngestStats,
     /// Changes whenever a worker is admitted, refreshed or lost: `/health` copies the live
     /// workers' hellos only then.
@@ -292,8 +307,27 @@ impl Ingest {
         }
     }
 
-    /// Declares dead every worker silent past its liveness window.
+    /// Removes the series and totals of workers departed longer than the retention ago (or,
+    /// past [`MAX_DEPARTED`] of them, the oldest at once), unless they are back.
+    fn forget_departed(&mut self, now: Clock) {
+        let retention = self.config.departed_retention.as_nanos() as u64;
+        while let Some((worker_id, left_ns)) = self.departed.front() {
+            let expired = now.mono_ns.saturating_sub(*left_ns) >= retention;
+            if !expired && self.departed.len() <= MAX_DEPARTED {
+                break;
+            }
+            if !self.workers.contains_key(worker_id) {
+                self.totals.remove(worker_id);
+                metrics::forget_worker(worker_id);
+            }
+            self.departed.pop_front();
+        }
+    }
+
+    /// Declares dead every worker silent past its liveness window; forgets departed ones past
+    /// the retention.
     pub fn tick(&mut self, now: Clock, out: &mut Outbox) {
+        self.forget_departed(now);
         let dead: Vec<String> = self
             .workers
             .values()
@@ -490,7 +524,7 @@ impl Ingest {
         entry
             .metrics
             .batch_processing
-            .record(received.elapsed().as_secs_f64());
+            .observe([(received.elapsed().as_secs_f64(), 1)]);
         None
     }
 
@@ -518,6 +552,7 @@ impl Ingest {
             return Self::foreign(stats);
         }
         entry.last_heard_ns = now.mono_ns;
+        entry.metrics.keep_alive();
         entry.metrics.set_kv_blocks(&hb.kv_blocks);
         entry.metrics.set_verify_cost(&hb.verify_cost);
         if entry.kv_blocks != hb.kv_blocks {
@@ -616,6 +651,7 @@ impl Ingest {
             entry.metrics.running.set(0.0);
             self.stats.workers_lost += 1;
             self.roster_version += 1;
+            self.departed.push_back((worker_id.to_owned(), now.mono_ns));
         }
         metrics::set_workers_connected(self.workers.len());
     }

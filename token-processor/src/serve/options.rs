@@ -38,6 +38,10 @@ pub struct ServeConfig {
     /// Workers tracked at once; hellos beyond it are refused.
     #[arg(long, env = "SPECULA_TP_MAX_WORKERS", default_value_t = DEFAULT_MAX_WORKERS)]
     pub max_workers: usize,
+    /// A worker that left (goodbye, or silent past its window) keeps its series and totals
+    /// this many seconds, then they are removed.
+    #[arg(long, env = "SPECULA_TP_DEPARTED_RETENTION_SECS", default_value_t = crate::ingest::DEFAULT_DEPARTED_RETENTION.as_secs())]
+    pub departed_retention_secs: u64,
     /// Largest K expected: the accepted-drafts-per-step histogram gets buckets 0..=this.
     #[arg(long, env = "SPECULA_TP_MAX_SPEC_TOKENS", default_value_t = 8)]
     pub max_spec_tokens: u32,
@@ -55,4 +59,11 @@ pub struct ServeConfig {
     pub request_classes: Vec<String>,
     #[command(flatten)]
     pub service: link::service::ServiceArgs,
+}
+
+impl ServeConfig {
+    /// [`ServeConfig::departed_retention_secs`] as a duration.
+    pub fn departed_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.departed_retention_secs)
+    }
 }

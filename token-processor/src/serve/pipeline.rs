@@ -96,6 +96,7 @@ pub(super) fn start_pipeline(
         max_requests_per_worker: config.max_requests,
         max_workers: config.max_workers,
         classes: context.classes,
+        departed_retention: config.departed_retention(),
     };
     let ingest = tokio::spawn(ingest::run(
         ingest_router,
@@ -116,9 +117,18 @@ pub(super) fn start_pipeline(
 pub(super) fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut ticks = 0u64;
         loop {
             tick.tick().await;
+            ticks += 1;
+            crate::metrics::keep_process_series_alive();
             prometheus.run_upkeep();
+            // The recorder starts a series' idle clock when a render first sees its latest
+            // update, so a departed worker's series would outlive the retention by however
+            // long nobody scraped: a render each second starts the clocks on time.
+            if ticks % 4 == 0 {
+                drop(prometheus.render());
+            }
         }
     })
 }

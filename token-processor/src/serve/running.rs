@@ -27,7 +27,7 @@ impl TokenProcessor {
         let tp_epoch = link::identity::new_epoch();
         let classes =
             Arc::new(RequestClasses::new(&config.request_classes).map_err(TpError::Config)?);
-        let prometheus = metrics::install(config.max_spec_tokens)?;
+        let prometheus = metrics::install(config.max_spec_tokens, config.departed_retention())?;
         let link_secret = link::auth::secret_for(
             config.service.link_secret_file.as_ref(),
             &[&config.ingest_endpoint, &config.api_endpoint],
@@ -51,6 +51,8 @@ impl TokenProcessor {
         let upkeep = spawn_upkeep(prometheus.clone());
         let limits = link::http::HttpLimits {
             header_read_timeout: Duration::from_secs(config.http_header_timeout_secs.max(1)),
+            // A scrape that stops reading holds its response no longer than a silent one.
+            write_timeout: Duration::from_secs(config.http_header_timeout_secs.max(1)),
             max_connections: config.max_http_connections,
         };
         let server = spawn_http(
