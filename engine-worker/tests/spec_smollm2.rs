@@ -362,3 +362,59 @@ fn logits_processors_keep_speculation_lossless() {
         );
     }
 }
+
+/// A request's grammar compiles off the step loop (the worker's api link starts the job): the
+/// engine keeps the request queued, producing nothing for it, while its job runs, then serves
+/// it exactly as a request whose grammar was compiled inline; a failed compile ends the
+/// request with an error. Plain requests beside it run meanwhile.
+#[test]
+fn a_grammar_compiled_off_the_loop_waits_in_the_queue_then_serves_the_same_tokens() {
+    use engine_worker::engine::{GrammarJob, RowKind};
+    use proto::api_worker::StructuredOutput;
+    use proto::FinishReason;
+    let (prompt, _) = prompts().remove(0);
+    let mut constrained = SamplingParams::GREEDY;
+    constrained.structured = Some(StructuredOutput::JsonObject);
+    let ask =
+        |id: u64, sampling: &SamplingParams| request(id, prompt.clone(), 24, sampling.clone());
+
+    // Inline: the reference.
+    let mut inline = engine(4, 4);
+    inline.add_request(ask(1, &constrained)).unwrap();
+    let mut reference = HashMap::new();
+    run_to_completion(&mut inline, &mut reference);
+
+    let mut e = engine(4, 4);
+    let compiler = e.grammars().expect("the model has a vocabulary").clone();
+    let (done, job) = GrammarJob::pending();
+    e.add_prepared(ask(1, &constrained), Some(job)).unwrap();
+    e.add_request(ask(2, &SamplingParams::GREEDY)).unwrap();
+    let (failing_done, failing) = GrammarJob::pending();
+    e.add_prepared(ask(3, &constrained), Some(failing)).unwrap();
+    let mut outcomes = HashMap::new();
+    for _ in 0..3 {
+        let rows = e.step();
+        assert!(
+            rows.iter().all(|r| r.id == 2),
+            "only the plain request runs: {rows:?}"
+        );
+        collect(&rows, 4, &mut outcomes);
+    }
+    assert!(outcomes.get(&2).is_some_and(|o| !o.tokens.is_empty()));
+    let grammar = compiler.compile(&grammar::Constraint::JsonObject).unwrap();
+    done.send(Ok(grammar)).unwrap();
+    failing_done.send(Err("too costly".into())).unwrap();
+    let rows = e.step();
+    let failed = rows
+        .iter()
+        .find(|r| r.id == 3)
+        .expect("the failed request's row");
+    assert_eq!(
+        (failed.kind, failed.finish),
+        (RowKind::Abort, Some(FinishReason::Error))
+    );
+    collect(&rows, 4, &mut outcomes);
+    run_to_completion(&mut e, &mut outcomes);
+    assert_eq!(outcomes[&1].tokens, reference[&1].tokens);
+    assert_eq!(outcomes[&1].steps, reference[&1].steps);
+}

@@ -32,6 +32,14 @@ pub enum GrammarError {
     Vocabulary { reason: String },
     #[error("the grammar failed: {reason}")]
     Failed { reason: String },
+    #[error(
+        "the schema needs more work per token than the server allows ({limit} {value}): {reason}"
+    )]
+    OverLimit {
+        limit: &'static str,
+        value: u64,
+        reason: String,
+    },
 }
 
 /// What a request constrains its output to.
@@ -84,11 +92,43 @@ impl Constraint {
     }
 }
 
+/// The work llguidance may do for one request, in its own deterministic units (fuel and
+/// sizes, never wall-clock time), so that whether a schema is served does not depend on load:
+/// past a compile limit the schema is refused naming it; past a step limit the mask fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrammarLimits {
+    /// Lexer fuel to build a grammar's lexer (llguidance: about 50k per ms).
+    pub initial_lexer_fuel: u64,
+    /// Lexer fuel for one token mask (about 14k per ms).
+    pub step_lexer_fuel: u64,
+    /// Earley items created for one token mask (about 20k per ms).
+    pub step_max_items: usize,
+    /// Lexer states a grammar may reach (memory: 1-2 kB each).
+    pub max_lexer_states: usize,
+    /// Symbols in the grammar's productions.
+    pub max_grammar_size: usize,
+}
+
+impl Default for GrammarLimits {
+    /// Chosen with `bench-grammar` (docs/benchmarks.md, "Structured output"): every schema
+    /// measured there is served, and one mask costs at most a few milliseconds.
+    fn default() -> Self {
+        Self {
+            initial_lexer_fuel: 1_000_000,
+            step_lexer_fuel: 50_000,
+            step_max_items: 20_000,
+            max_lexer_states: 100_000,
+            max_grammar_size: 200_000,
+        }
+    }
+}
+
 /// Compiles constraints over one vocabulary (built once per process: indexing the
 /// vocabulary takes tens of milliseconds).
 #[derive(Clone)]
 pub struct Compiler {
     factory: Arc<ParserFactory>,
+    limits: GrammarLimits,
 }
 
 impl std::fmt::Debug for Compiler {
@@ -101,6 +141,16 @@ impl Compiler {
     /// `vocab_size` is the model's logits width (it may exceed the tokenizer's ids); `eos` the
     /// token that ends a finished grammar's output.
     pub fn new(tokens: &TokenBytes, vocab_size: usize, eos: u32) -> Result<Self, GrammarError> {
+        Self::with_limits(tokens, vocab_size, eos, GrammarLimits::default())
+    }
+
+    /// [`Compiler::new`] with other limits (benchmarks choose them).
+    pub fn with_limits(
+        tokens: &TokenBytes,
+        vocab_size: usize,
+        eos: u32,
+        limits: GrammarLimits,
+    ) -> Result<Self, GrammarError> {
         // Control tokens are marked the way llguidance expects (a 0xff lead byte), so that no
         // text matches them.
         let words: Vec<Vec<u8>> = (0..vocab_size as u32)
@@ -118,9 +168,61 @@ impl Compiler {
                 reason: e.to_string(),
             })?;
         factory.quiet();
+        let own = factory.limits_mut();
+        own.initial_lexer_fuel = limits.initial_lexer_fuel;
+        own.step_lexer_fuel = limits.step_lexer_fuel;
+        own.step_max_items = limits.step_max_items;
+        own.max_lexer_states = limits.max_lexer_states;
+        own.max_grammar_size = limits.max_grammar_size;
+        // Errors name the limit, not the request's text.
+        own.verbose_errors = false;
         Ok(Self {
             factory: Arc::new(factory),
+            limits,
         })
+    }
+
+    /// Whether the constraint can be served within the limits, found before any output: it
+    /// compiles, and the mask at its first choice (after the text it forces, such as
+    /// `{"choice": "` before a large enum's values) stays within the per-mask limits. Masks
+    /// further on can still fail (the request then ends with an error); the commonest costly
+    /// schemas, a field of many alternatives, are caught here. Deterministic: fuel, not time.
+    pub fn check(&self, constraint: &Constraint) -> Result<(), GrammarError> {
+        let mut grammar = self.compile(constraint)?;
+        // Forced text ends within the schema's size; the bound only guards the loop.
+        for _ in 0..MAX_SCHEMA_BYTES {
+            let forced = grammar.forced();
+            if forced.is_empty() {
+                break;
+            }
+            grammar.accept(&forced).map_err(|e| self.name_limit(e))?;
+        }
+        grammar
+            .draft_masks(&[])
+            .map(drop)
+            .map_err(|e| self.name_limit(e))
+    }
+
+    /// A mask's failure, naming the limit it ran into where llguidance says which.
+    fn name_limit(&self, error: GrammarError) -> GrammarError {
+        let GrammarError::Failed { reason } = error else {
+            return error;
+        };
+        let (limit, value) = if reason.contains("too many expressions") {
+            ("lexer fuel per mask", self.limits.step_lexer_fuel)
+        } else if reason.contains("items") {
+            ("Earley items per mask", self.limits.step_max_items as u64)
+        } else if reason.contains("lexer states") {
+            ("lexer states", self.limits.max_lexer_states as u64)
+        } else {
+            return GrammarError::Failed { reason };
+        };
+        let reason = reason.replace("<non-verbose/>", "").trim().to_owned();
+        GrammarError::OverLimit {
+            limit,
+            value,
+            reason,
+        }
     }
 
     /// `text` in the vocabulary's longest tokens (benchmarks and tests: the model may spell it

@@ -637,7 +637,7 @@ fn response_format(
         .grammars()
         .ok_or_else(|| invalid("structured output is not available for this model".into()))?;
     compiler
-        .compile(&constraint)
+        .check(&constraint)
         .map_err(|e| invalid(e.to_string()))?;
     Ok(Some(structured))
 }

@@ -25,6 +25,10 @@ impl Flavour for Chat {
         request.model.as_deref()
     }
 
+    fn sampling(request: &ChatCompletionRequest) -> &crate::openai::requests::SamplingFields {
+        &request.sampling
+    }
+
     fn spec(
         req: ChatCompletionRequest,
         model: &ModelAssets,

@@ -43,6 +43,10 @@ impl Flavour for Completions {
         request.model.as_deref()
     }
 
+    fn sampling(request: &CompletionRequest) -> &crate::openai::requests::SamplingFields {
+        &request.sampling
+    }
+
     fn spec(
         req: CompletionRequest,
         model: &ModelAssets,

@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::generate::{collect_all, start_choices, total_usage, ChoiceEnd, Lane};
 use crate::model::ModelAssets;
 use crate::openai::logprobs::LogprobEntry;
+use crate::openai::requests::SamplingFields;
 use crate::openai::responses::{response_id, unix_now, Chunk, Usage, UsageField, WholeResponse};
 use crate::openai::validate::{check_model, GenerateSpec, Limits};
 use crate::stream::{
@@ -41,6 +42,8 @@ pub trait Flavour: Send + Sync + 'static {
 
     /// The request's `model` field.
     fn model(request: &Self::Request) -> Option<&str>;
+    /// The request's sampling fields (shared by both routes).
+    fn sampling(request: &Self::Request) -> &SamplingFields;
     /// Checks the request and tokenizes its prompts (on the blocking pool when heavy).
     fn spec(
         request: Self::Request,
@@ -68,6 +71,9 @@ pub async fn handle<E: ServingEngine, F: Flavour>(
 ) -> Result<Response, ApiError> {
     let Parsed { value: req, heavy } = read_json::<F::Request>(&headers, body, &state.body).await?;
     check_model(F::model(&req), &state.model_names)?;
+    // Checking a schema (compiling it, its first masks) is bounded work, but not light work
+    // for the runtime that answers everyone and sends the links' heartbeats.
+    let heavy = heavy || F::sampling(&req).response_format.is_some();
     let (assets, limits) = (Arc::clone(&state.model), state.limits());
     let mut spec = state
         .body

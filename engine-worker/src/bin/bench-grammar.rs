@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use grammar::{Compiler, Constraint};
+use grammar::{Compiler, Constraint, GrammarLimits};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -21,6 +21,12 @@ struct Args {
     /// Times each document is walked.
     #[arg(long, default_value_t = 20)]
     repeats: usize,
+    /// llguidance's lexer fuel per mask (default: the product's, `GrammarLimits`).
+    #[arg(long)]
+    step_lexer_fuel: Option<u64>,
+    /// llguidance's Earley items per mask.
+    #[arg(long)]
+    step_max_items: Option<usize>,
 }
 
 /// (name, schema, a document that satisfies it, in the compact form the grammar writes)
@@ -59,6 +65,30 @@ const CASES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// An object whose one field takes one of `n` distinct words: what a request that lists, say,
+/// every product name sends, and the costliest kind of schema measured here.
+fn large_enum(n: usize) -> (String, String, String) {
+    // Distinct pseudo-random words of 10 letters: no shared prefixes to merge.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut letter = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (b'a' + (state % 26) as u8) as char
+    };
+    let values: Vec<String> = (0..n)
+        .map(|_| (0..10).map(|_| letter()).collect())
+        .collect();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"choice": {"enum": values}},
+        "required": ["choice"],
+        "additionalProperties": false,
+    });
+    let document = format!("{{\"choice\": \"{}\"}}", values[n / 2]);
+    (format!("enum of {n} words"), schema.to_string(), document)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let model = engine_worker::model::load_gguf(&args.model)?;
@@ -69,7 +99,13 @@ fn main() -> anyhow::Result<()> {
         .token_bytes();
     let eos = *model.config.eos_token_ids.first().unwrap_or(&0);
     let started = Instant::now();
-    let compiler = Compiler::new(&vocab, model.config.vocab_size, eos)?;
+    let defaults = GrammarLimits::default();
+    let limits = GrammarLimits {
+        step_lexer_fuel: args.step_lexer_fuel.unwrap_or(defaults.step_lexer_fuel),
+        step_max_items: args.step_max_items.unwrap_or(defaults.step_max_items),
+        ..defaults
+    };
+    let compiler = Compiler::with_limits(&vocab, model.config.vocab_size, eos, limits)?;
     println!(
         "vocabulary: {} tokens, indexed in {:.1} ms",
         model.config.vocab_size,
@@ -77,7 +113,16 @@ fn main() -> anyhow::Result<()> {
     );
     println!("| schema | compile ms | tokens | mask µs mean | mask µs p99 | forced positions |");
     println!("|---|---|---|---|---|---|");
-    for &(name, schema, document) in CASES {
+    let enums: Vec<(String, String, String)> = [500usize, 2000, 4000]
+        .iter()
+        .map(|&n| large_enum(n))
+        .collect();
+    let cases = CASES.iter().map(|&(n, s, d)| (n, s, d)).chain(
+        enums
+            .iter()
+            .map(|(n, s, d)| (n.as_str(), s.as_str(), d.as_str())),
+    );
+    for (name, schema, document) in cases {
         let constraint = match schema {
             "" => Constraint::JsonObject,
             s => Constraint::JsonSchema(s.to_owned()),
@@ -94,7 +139,13 @@ fn main() -> anyhow::Result<()> {
             }
             for &t in &tokens {
                 let started = Instant::now();
-                let mask = g.draft_masks(&[])?.remove(0);
+                let mask = match g.draft_masks(&[]) {
+                    Ok(mut masks) => masks.remove(0),
+                    Err(error) => {
+                        println!("| {name} | mask failed: {error} |");
+                        break;
+                    }
+                };
                 mask_us.push(started.elapsed().as_secs_f64() * 1e6);
                 anyhow::ensure!(
                     mask.allows(t),

@@ -299,8 +299,24 @@ impl<B: Backend> Engine<B> {
         self.scheduler.num_unfinished() > 0 || !self.pending.is_empty()
     }
 
-    /// Queues a request, or says why not.
+    /// Queues a request, or says why not; a grammar it asks for is compiled here (library
+    /// use and tests: the worker compiles off the loop, [`Engine::add_prepared`]).
     pub fn add_request(&mut self, req: AddRequest) -> Result<(), RejectReason> {
+        self.add_prepared(req, None)
+    }
+
+    /// The compiler of `response_format` grammars, for [`GrammarJob::start`].
+    pub fn grammars(&self) -> Option<&grammar::Compiler> {
+        self.grammars.as_ref()
+    }
+
+    /// Queues a request whose grammar, if it asks for one, is being compiled by `job`: the
+    /// request waits in the queue until it is ready (ends with an error if it fails).
+    pub fn add_prepared(
+        &mut self,
+        req: AddRequest,
+        job: Option<structured::GrammarJob>,
+    ) -> Result<(), RejectReason> {
         validate_request(
             &req,
             self.cfg.max_model_len,
@@ -316,13 +332,14 @@ impl<B: Backend> Engine<B> {
         if self.scheduler.waiting().len() >= self.cfg.max_waiting {
             return Err(RejectReason::Overloaded);
         }
-        let grammar = match &req.sampling.structured {
-            Some(structured) => Some(Box::new(
+        let grammar = match (&req.sampling.structured, &job) {
+            (Some(structured), None) => Some(Box::new(
                 structured::compile(self.grammars.as_ref(), structured)
                     .map_err(RejectReason::Invalid)?,
             )),
-            None => None,
+            _ => None,
         };
+        let grammar_job = job.filter(|_| req.sampling.structured.is_some());
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
         let stop_ids = stop_ids(&self.eos_token_ids, &req.stop);
         self.scheduler.add(Sequence {
@@ -353,8 +370,31 @@ impl<B: Backend> Engine<B> {
             logprobs: Vec::new(),
             prompt_logprobs: Vec::new(),
             grammar,
+            grammar_job,
         });
         Ok(())
+    }
+
+    /// Takes in the grammars compiled off the loop since the last step; a request whose
+    /// grammar failed ends with an error.
+    fn resolve_grammar_jobs(&mut self) {
+        let mut failed = Vec::new();
+        for seq in self.scheduler.waiting_mut() {
+            let Some(done) = seq.grammar_job.as_ref().and_then(|job| job.poll()) else {
+                continue;
+            };
+            seq.grammar_job = None;
+            match done {
+                Ok(grammar) => seq.grammar = Some(Box::new(grammar)),
+                Err(reason) => {
+                    tracing::warn!(%reason, "a request's grammar failed to compile");
+                    failed.push(seq.id);
+                }
+            }
+        }
+        for id in failed {
+            self.end_request(id, FinishReason::Error);
+        }
     }
 
     /// Aborts a request wherever it is; its abort row goes out with the next step. A finished
@@ -442,6 +482,7 @@ impl<B: Backend> Engine<B> {
 
     /// Runs one step and returns its rows (empty when there is nothing to do).
     pub fn step(&mut self) -> Vec<RowOut> {
+        self.resolve_grammar_jobs();
         let mut rows: Vec<RowOut> = self.drain_pending();
         let plan = self.scheduler.schedule();
         for id in plan.preempted {

@@ -14,5 +14,6 @@ pub use config::{EngineConfig, ProposerKind};
 pub use driver::Engine;
 pub use retained::{RetainBounds, Retained};
 pub use rows::{to_step_batch, RowKind, RowOut, RowPolicy, StartInfo};
+pub use structured::GrammarJob;
 // The vocabulary crate's types, under the names the engine's callers already use.
 pub use vocab::{TokenBytes, VocabKind};

@@ -23,6 +23,45 @@ pub fn compiler(vocab: Option<&TokenBytes>, vocab_size: usize, eos: &[u32]) -> O
     }
 }
 
+/// A request's grammar compiled off the step loop: the api link starts the compile as the
+/// request arrives ([`GrammarJob::start`], on the blocking pool) and hands the job to the
+/// engine with the request, in order with its other commands (an abort that follows finds the
+/// request queued). The sequence waits in the queue until its grammar is ready, so the step
+/// loop never compiles.
+/// Where a [`GrammarJob`]'s compile sends its result.
+pub type GrammarDone = std::sync::mpsc::SyncSender<Result<Grammar, String>>;
+
+#[derive(Debug)]
+pub struct GrammarJob(std::sync::mpsc::Receiver<Result<Grammar, String>>);
+
+impl GrammarJob {
+    /// Compiles `structured` on tokio's blocking pool (call from the runtime).
+    pub fn start(compiler: Compiler, structured: StructuredOutput) -> Self {
+        let (done, job) = Self::pending();
+        tokio::task::spawn_blocking(move || {
+            let _ = done.send(compile(Some(&compiler), &structured));
+        });
+        job
+    }
+
+    /// A job whose result whoever holds the sender gives (the compile thread; tests).
+    pub fn pending() -> (GrammarDone, Self) {
+        let (done, job) = std::sync::mpsc::sync_channel(1);
+        (done, Self(job))
+    }
+
+    /// The compiled grammar or why not, once done; None while it compiles.
+    pub fn poll(&self) -> Option<Result<Grammar, String>> {
+        match self.0.try_recv() {
+            Ok(done) => Some(done),
+            Err(std::sync::mpsc::TryRecvError::Empty) => None,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Some(Err("the grammar compile did not finish".into()))
+            }
+        }
+    }
+}
+
 /// A request's grammar at the start of its output, or why it cannot have one.
 pub fn compile(
     compiler: Option<&Compiler>,

@@ -31,6 +31,8 @@ const MAX_API_SERVERS: usize = 256;
 #[derive(Debug, Clone)]
 pub struct ApiAdmission {
     pub max_waiting: usize,
+    /// Compiles requests' grammars off the step loop (none without a vocabulary).
+    pub grammars: Option<grammar::Compiler>,
 }
 
 /// How the link itself behaves (known at start, unlike [`ApiAdmission`]).
@@ -270,7 +272,7 @@ impl ApiLink {
             _ if !self.status.accepting() => Some(RejectReason::NotAccepting),
             None => Some(RejectReason::NotAccepting),
             Some(a) if self.status.waiting() >= a.max_waiting => Some(RejectReason::Overloaded),
-            Some(_) => match self.commands.try_send(EngineCommand::Add(req)) {
+            Some(a) => match self.commands.try_send(prepared(req, a)) {
                 Ok(()) => None,
                 Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                     Some(RejectReason::Overloaded)
@@ -312,6 +314,18 @@ impl ApiLink {
             send(&mut self.socket, peer.routing_id.clone(), msg).await;
         }
     }
+}
+
+/// A request for the step loop, its grammar's compile started (off the loop) when it has one.
+fn prepared(req: AddRequest, admission: &ApiAdmission) -> EngineCommand {
+    let job = match (&req.sampling.structured, &admission.grammars) {
+        (Some(structured), Some(compiler)) => Some(crate::engine::GrammarJob::start(
+            compiler.clone(),
+            structured.clone(),
+        )),
+        _ => None,
+    };
+    EngineCommand::Add(req, job)
 }
 
 /// Aborts must not be lost: wait for room (off the async threads) when the queue is full.

@@ -11,28 +11,18 @@ use proto::RequestId;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum EngineCommand {
-    Add(AddRequest),
+    /// A request, with its grammar's compile when it asks for one.
+    Add(AddRequest, Option<crate::engine::GrammarJob>),
     /// An api-server aborts one of its own requests.
-    Abort {
-        owner: String,
-        id: RequestId,
-    },
+    Abort { owner: String, id: RequestId },
     /// An api-server went silent: abort everything it owns.
     AbortOwner(String),
     /// An api-server has these requests' final outputs.
-    Delivered {
-        owner: String,
-        ids: Vec<RequestId>,
-    },
+    Delivered { owner: String, ids: Vec<RequestId> },
     /// An api-server asks which of its stalled requests we no longer hold.
-    Probe {
-        owner: String,
-        ids: Vec<RequestId>,
-    },
+    Probe { owner: String, ids: Vec<RequestId> },
     /// Shutdown: finish what runs until `deadline`, abort the rest, say goodbye, stop.
-    Drain {
-        deadline: Instant,
-    },
+    Drain { deadline: Instant },
 }
 
 /// Step loop → token-processor link, in send order.

@@ -217,12 +217,12 @@ fn handle_command<B: Backend>(
     drain_deadline: &mut Option<Instant>,
 ) {
     match cmd {
-        EngineCommand::Add(req) => {
+        EngineCommand::Add(req, job) => {
             let (id, owner) = (req.id, req.owner.clone());
             let result = if drain_deadline.is_some() {
                 Err(proto::api_worker::RejectReason::NotAccepting)
             } else {
-                engine.add_request(req)
+                engine.add_prepared(req, job)
             };
             if let Err(reason) = result {
                 tracing::info!(?reason, "request rejected");

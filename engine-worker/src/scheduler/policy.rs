@@ -78,6 +78,10 @@ impl Scheduler {
         &self.waiting
     }
 
+    pub fn waiting_mut(&mut self) -> impl Iterator<Item = &mut Sequence> {
+        self.waiting.iter_mut()
+    }
+
     pub fn running(&self) -> &[Sequence] {
         &self.running
     }
@@ -177,10 +181,13 @@ impl Scheduler {
         if !plan.preempted.is_empty() {
             return plan;
         }
-        while let Some(front) = self.waiting.front() {
+        // In queue order, passing over sequences whose grammar still compiles off the loop
+        // (they keep their place for the next step).
+        while let Some(next) = self.waiting.iter().position(|s| s.grammar_job.is_none()) {
             if self.running.len() >= self.cfg.max_num_seqs {
                 break;
             }
+            let front = &self.waiting[next];
             let cached = self.cached_prefix(front);
             let computed = cached.len() * self.alloc.block_size();
             let (positions, tokens) = self.demand(front, computed);
@@ -198,7 +205,7 @@ impl Scheduler {
             if missing + reclaimed > self.alloc.num_free() {
                 break;
             }
-            let mut seq = self.waiting.pop_front().expect("front exists");
+            let mut seq = self.waiting.remove(next).expect("index from position");
             seq.blocks.share_prefix(&mut self.alloc, &cached);
             seq.num_computed = computed;
             let reserved = seq.blocks.reserve(&mut self.alloc, positions);

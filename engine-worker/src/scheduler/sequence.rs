@@ -54,6 +54,8 @@ pub struct Sequence {
     pub prompt_logprobs: Vec<proto::TokenLogprob>,
     /// Where the output is in the request's `response_format`, when it has one.
     pub grammar: Option<Box<grammar::Grammar>>,
+    /// Its grammar, while it compiles off the step loop: the sequence is not admitted yet.
+    pub grammar_job: Option<crate::engine::GrammarJob>,
 }
 
 /// What a scheduled sequence runs this step.

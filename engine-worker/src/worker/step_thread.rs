@@ -37,6 +37,7 @@ pub(super) fn step_loop_thread(
     };
     let _ = ends.admission.send(Some(ApiAdmission {
         max_waiting: engine.config().max_waiting,
+        grammars: engine.grammars().cloned(),
     }));
     status.set_kv_bytes(engine.kv_cache_bytes(), engine.draft_kv_bytes());
     status.set_ready(
