@@ -18,6 +18,23 @@ scripts/setup-python.sh       # .venv with the official openai client
 # Tools installed above are required from here on: a test that cannot find one fails.
 export SPECULA_REQUIRE_TOOLS=1
 
+# Kernel variants this CPU cannot run (AVX-512 on an AVX2 machine) are skipped by their tests,
+# which record them here; the list is printed at the end, pass or fail, so a green run on such
+# a machine says what it did not test (docs/benchmarks.md: which machine last ran each).
+export SPECULA_SKIPPED_KERNELS="$root/target/skipped-kernels.txt"
+mkdir -p "$root/target"
+: >"$SPECULA_SKIPPED_KERNELS"
+skipped_summary() {
+  if [ -s "$SPECULA_SKIPPED_KERNELS" ]; then
+    echo "== kernel variants NOT run on this machine (its CPU lacks them) ==" >&2
+    sort -u "$SPECULA_SKIPPED_KERNELS" | awk -F'\t' '{by[$1] = by[$1] (by[$1] ? ", " : "") $2}
+      END {for (v in by) print "  " v ": " by[v]}' >&2
+  else
+    echo "== every kernel variant ran on this machine ==" >&2
+  fi
+}
+trap skipped_summary EXIT
+
 # Binaries the cross-process tests spawn, then every test of the workspace. The binaries are
 # built together with the tests: built alone, their dependencies resolve other features (no
 # dev-dependencies) and a clean clone compiles much of the workspace twice.

@@ -192,3 +192,87 @@ async fn a_whole_response_is_not_held_for_a_client_that_reads_nothing() {
         "the server held the whole response for a client that read nothing"
     );
 }
+
+/// `response_format` with one field of `n` distinct 10-letter words.
+fn large_enum_format(n: usize) -> Value {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut letter = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (b'a' + (state % 26) as u8) as char
+    };
+    let values: Vec<String> = (0..n)
+        .map(|_| (0..10).map(|_| letter()).collect())
+        .collect();
+    json!({"type": "json_schema", "json_schema": {"name": "pick", "schema": {
+        "type": "object", "properties": {"choice": {"enum": values}},
+        "required": ["choice"], "additionalProperties": false}}})
+}
+
+/// Costly schemas beside a plain stream: four requests whose field takes one of 4,000 words
+/// are refused (400 naming the grammar's per-mask limit, the same on every try: fuel, not
+/// time), two of 2,000 words are served (their output one of the words), and the plain stream
+/// beside them ends whole. Before, the 4,000-word schemas were served, each of their masks
+/// costing up to 7 ms on the worker's step loop (`bench-grammar`), and a neighbouring stream
+/// fell from 109 to 40 tokens/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn costly_schemas_beside_a_plain_stream() {
+    let _g = SERIAL.lock().await;
+    let stack = Stack::start(StackConfig::default()).await;
+    let url = stack.api("/v1/completions");
+    let plain = {
+        let (http, url) = (stack.client().clone(), url.clone());
+        tokio::spawn(async move {
+            stream(
+                &http,
+                &url,
+                &completion_body("Once upon a time", 64, true),
+                |_| true,
+            )
+            .await
+        })
+    };
+    let schema_request = |n: usize| {
+        let (http, url) = (stack.client().clone(), url.clone());
+        let body = json!({
+            "model": MODEL, "prompt": "Pick one word:", "max_tokens": 24, "temperature": 0,
+            "response_format": large_enum_format(n),
+        });
+        tokio::spawn(async move {
+            let r = http.post(&url).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        })
+    };
+    let refused: Vec<_> = (0..4).map(|_| schema_request(4000)).collect();
+    let served: Vec<_> = (0..2).map(|_| schema_request(2000)).collect();
+    for task in refused {
+        let (status, v) = task.await.unwrap();
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "response_format", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("lexer fuel per mask"), "{message}");
+    }
+    let words = large_enum_format(2000);
+    let words = &words["json_schema"]["schema"]["properties"]["choice"]["enum"];
+    for task in served {
+        let (status, v) = task.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        let finish = &v["choices"][0]["finish_reason"];
+        if finish == "stop" {
+            assert!(
+                words.as_array().unwrap().contains(&parsed["choice"]),
+                "{text}"
+            );
+        }
+    }
+    let plain = tokio::time::timeout(PATIENCE, plain)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(plain.error.is_none(), "{:?}", plain.error);
+    assert_eq!(plain.finish_reason.as_deref(), Some("length"));
+}

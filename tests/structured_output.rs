@@ -8,7 +8,7 @@
 mod common;
 
 use common::python;
-use common::stack::{Proc, Stack, StackConfig};
+use common::stack::{metric_sum, Proc, Stack, StackConfig};
 
 /// Runs the client against a fresh stack with `num_spec_tokens`; returns every output text.
 async fn run(num_spec_tokens: u32) -> Vec<String> {
@@ -33,6 +33,17 @@ async fn run(num_spec_tokens: u32) -> Vec<String> {
         out.stderr,
         stack.log(Proc::ApiServer)
     );
+    if num_spec_tokens > 0 {
+        // The comparison with K = 0 means something only if this run drafted.
+        let metrics = stack.metrics_text().await;
+        let drafted = metric_sum(&metrics, "specula_spec_decode_num_draft_tokens_total");
+        let accepted = metric_sum(&metrics, "specula_spec_decode_num_accepted_tokens_total");
+        eprintln!("K={num_spec_tokens}: {drafted} draft tokens, {accepted} accepted");
+        assert!(
+            drafted > 0.0 && accepted > 0.0,
+            "the K={num_spec_tokens} run drafted nothing"
+        );
+    }
     python::take_dump(&dump)
 }
 

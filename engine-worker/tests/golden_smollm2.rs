@@ -257,11 +257,7 @@ fn smollm2_first_step_logits_match_on_every_instruction_set() {
     let model = load_gguf(&model_path()).unwrap();
     let table: Vec<u32> = (0..4).collect();
     let cases = golden_cases();
-    for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar] {
-        if !isa.is_supported() {
-            eprintln!("{isa:?} not supported here; skipped");
-            continue;
-        }
+    for isa in Isa::testable(&Isa::ALL, "golden_smollm2 (first-step logits)") {
         let mut options = CpuBackendOptions::new(4);
         options.isa = Some(isa);
         let mut backend = CpuBackend::new(model.clone(), options).unwrap();

@@ -266,7 +266,7 @@ mod tests {
                     );
                 }
             }
-            if Isa::Avx512.is_supported() {
+            if !Isa::testable(&[Isa::Avx512], "backend::cpu::kv_rows::tests").is_empty() {
                 for i in (0..128).step_by(16) {
                     let mut lanes = [0.0f32; 16];
                     // SAFETY: AVX-512F checked; the row holds 128 elements.

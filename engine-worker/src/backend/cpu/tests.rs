@@ -151,10 +151,7 @@ fn matches_a_dense_reference_for_every_layout() {
     ] {
         let model = tiny(dtype, style, bias);
         let want = reference_logits(&model, &PROMPT);
-        for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar]
-            .into_iter()
-            .filter(|i| i.is_supported())
-        {
+        for isa in Isa::testable(&Isa::ALL, "backend::cpu::tests (tiny models)") {
             let mut options = CpuBackendOptions::new(8);
             options.isa = Some(isa);
             let mut b = CpuBackend::new(model.clone(), options).unwrap();

@@ -78,10 +78,7 @@ fn simd_paths_match_the_portable_one_and_each_token_stands_alone() {
                 },
             ];
             let want = run(&cache, &config, &slots, &q, Isa::Scalar);
-            for isa in [Isa::Avx512, Isa::Avx2]
-                .into_iter()
-                .filter(|i| i.is_supported())
-            {
+            for isa in Isa::testable(&[Isa::Avx512, Isa::Avx2], "backend::cpu::attention::tests") {
                 let got = run(&cache, &config, &slots, &q, isa);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
@@ -136,10 +133,7 @@ fn a_sequences_tokens_computed_together_have_the_bits_each_has_alone() {
             .map(|_| rng.gen_range(-2.0..2.0))
             .collect();
         let want = run(&cache, &config, &slots, &q, Isa::Scalar);
-        for isa in [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .filter(|i| i.is_supported())
-        {
+        for isa in Isa::testable(&[Isa::Avx512, Isa::Avx2], "backend::cpu::attention::tests") {
             for pool in &pools {
                 let got = pool.install(|| run(&cache, &config, &slots, &q, isa));
                 for (t, slot) in slots.iter().enumerate() {
@@ -181,10 +175,7 @@ fn attention_throughput() {
     let table: Vec<u32> = (0..64).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let q: Vec<f32> = (0..8 * width).map(|_| rng.gen_range(-2.0..2.0)).collect();
-    let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
-        .into_iter()
-        .filter(|i| i.is_supported())
-        .collect();
+    let isas = Isa::testable(&[Isa::Avx512, Isa::Avx2], "backend::cpu::attention::tests");
     let cases: Vec<(Isa, &KvCache)> = isas
         .iter()
         .flat_map(|&isa| caches.iter().map(move |c| (isa, c)))

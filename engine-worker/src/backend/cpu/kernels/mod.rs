@@ -117,6 +117,25 @@ pub enum Isa {
 }
 
 impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    /// Of `candidates`, those this CPU runs; each other one is recorded as not run by `test`
+    /// ([`record_skipped`]), so the suite's summary names it instead of staying green in
+    /// silence on a machine without it.
+    pub fn testable(candidates: &[Isa], test: &str) -> Vec<Isa> {
+        candidates
+            .iter()
+            .copied()
+            .filter(|isa| {
+                let runs = isa.is_supported();
+                if !runs {
+                    record_skipped(*isa, test);
+                }
+                runs
+            })
+            .collect()
+    }
+
     /// The best instruction set this CPU supports.
     pub fn detect() -> Self {
         if Self::Avx512.is_supported() {
@@ -380,3 +399,22 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// Where tests record the kernel variants this machine could not run: the file named by
+/// `SPECULA_SKIPPED_KERNELS` (`scripts/test.sh` sets it and prints the list at the end of the
+/// suite), one `variant<TAB>test` line each; always also on stderr.
+pub fn record_skipped(isa: Isa, test: &str) {
+    eprintln!("{isa:?} kernels not run by {test}: this CPU lacks them");
+    let Some(path) = std::env::var_os("SPECULA_SKIPPED_KERNELS") else {
+        return;
+    };
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path);
+    if let Ok(mut file) = file {
+        // One short write per line: appends from parallel tests do not interleave.
+        let _ = file.write_all(format!("{isa:?}\t{test}\n").as_bytes());
+    }
+}

@@ -6,10 +6,7 @@ use crate::backend::cpu::aligned::LineAligned;
 use crate::model::{quantize_row, WeightMatrix, WeightType};
 
 fn supported_isas() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Scalar]
-        .into_iter()
-        .filter(|i| i.is_supported())
-        .collect()
+    Isa::testable(&Isa::ALL, "backend::cpu::kernels::tests")
 }
 
 const TYPES: [WeightType; 6] = [
