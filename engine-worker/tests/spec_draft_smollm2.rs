@@ -13,7 +13,8 @@ use std::sync::OnceLock;
 
 use common::*;
 use engine_worker::backend::cpu::{CpuBackend, CpuBackendOptions};
-use engine_worker::engine::{Engine, EngineConfig};
+use engine_worker::backend::Backend;
+use engine_worker::engine::{Engine, EngineConfig, RowKind};
 use engine_worker::model::{LoadFormat, Model, TokenizerData, WeightType};
 use engine_worker::spec::DraftSource;
 use proto::api_worker::SamplingParams;
@@ -250,6 +251,85 @@ fn preemption_keeps_model_drafted_output_exact() {
         );
         for i in 0..reqs.len() {
             assert_eq!(spec[i].tokens, plain[i].tokens, "{drafter:?}: prompt {i}");
+        }
+    }
+}
+
+/// Greedy drafts of the first `layers` layers for `tokens`, computed from nothing (a fresh
+/// cache): what the draft model must propose whatever it proposed and had rejected before.
+fn draft_from_scratch(layers: usize, tokens: &[u32], k: usize) -> Vec<u32> {
+    let draft = model().first_layers(layers);
+    let blocks = (tokens.len() + k).div_ceil(16) + 1;
+    let mut backend = CpuBackend::new(draft, CpuBackendOptions::new(blocks)).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let vocab = backend.config().vocab_size;
+    let mut seq = tokens.to_vec();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for _ in 0..k {
+        let forward = engine_worker::backend::SeqForward {
+            tokens: &seq[start..],
+            start_pos: start,
+            block_table: &table,
+            logits: engine_worker::backend::LogitsFor::Last,
+        };
+        let logits = backend.forward(&[forward]).unwrap();
+        let row = &logits[..vocab];
+        let next = (0..vocab)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+            .unwrap();
+        start = seq.len();
+        seq.push(next as u32);
+        out.push(next as u32);
+    }
+    out
+}
+
+/// A draft model's cache holds the keys and values of drafts the verifier rejected until they
+/// are written over: every draft it proposes, step after step, through rejections and
+/// preemption, equals the draft computed from nothing for the same tokens (the draft model
+/// here is the target's first 8 layers, which the target often overrules). Before this test,
+/// keeping the rejected positions as valid left every test green: the toy model accepts
+/// self-consistent slots and the target drafting for itself is never rejected.
+#[test]
+fn a_draft_models_drafts_equal_drafts_from_scratch_through_rejections_and_preemption() {
+    const LAYERS: usize = 8;
+    for num_blocks in [256, 12] {
+        let mut cfg = engine_config(4, 4);
+        cfg.spec_policy = SpecPolicy::Fixed;
+        let mut e = engine(cfg, Some(Drafter::Model(LAYERS)), num_blocks);
+        let mut tokens: Vec<Vec<u32>> = prompts(4);
+        for (i, prompt) in tokens.iter().enumerate() {
+            let mut req = request(i as u64, prompt.clone(), 40, SamplingParams::GREEDY);
+            req.stop.ignore_eos = true;
+            e.add_request(req).unwrap();
+        }
+        let (mut checked, mut rejected, mut preempted) = (0, 0, 0);
+        while e.has_work() {
+            for row in e.step() {
+                let seq = &mut tokens[row.id as usize];
+                preempted += usize::from(row.kind == RowKind::Preempted);
+                if row.kind == RowKind::Verify && row.drafted > 0 {
+                    let drafts = &row.policy.offer[..usize::from(row.drafted)];
+                    assert_eq!(
+                        drafts,
+                        draft_from_scratch(LAYERS, seq, drafts.len()),
+                        "request {} at {} tokens, {num_blocks} blocks",
+                        row.id,
+                        seq.len()
+                    );
+                    checked += 1;
+                    rejected += usize::from(row.accepted < row.drafted);
+                }
+                seq.extend_from_slice(&row.tokens);
+            }
+        }
+        assert!(
+            checked > 20 && rejected > 5,
+            "{checked} drafts checked, {rejected} with rejections"
+        );
+        if num_blocks < 256 {
+            assert!(preempted > 0, "no preemption in {num_blocks} blocks");
         }
     }
 }
