@@ -6,6 +6,12 @@
 #   # mutation: what the bug does
 #   # test: the command that runs the test
 #   # expect: caught | missed   (missed: a second mechanism covers it, as the table says)
+#   # fails-with: text the test's output must contain when it catches the bug (its reason)
+#
+# Each test runs on the clean tree first (the baseline): a test that fails without its patch
+# proves nothing, and its row says so. A failure counts as caught only when the log holds the
+# patch's `fails-with` text (else "failed otherwise"); a test stopped by the timeout is
+# reported apart ("timed out"), never as caught.
 #
 # For each patch (all, or those named: `tests/mutations/run.sh 01 19-health-always-200`), this
 # applies it, builds the binaries, runs its test, and reverts it (always: on failure and on
@@ -46,30 +52,62 @@ trap 'exit 130' INT TERM
 
 header() { sed -n "s/^# $2: //p" "$1" | head -n 1; }
 
+# Runs a test command into a log; prints passed, failed or timed out.
+run_test() {  # COMMAND LOG
+    local code=0
+    timeout "$test_timeout" bash -c "$1" >>"$2" 2>&1 || code=$?
+    case "$code" in
+        0) echo passed ;;
+        124 | 137) echo "timed out" ;;
+        *) echo failed ;;
+    esac
+}
+
+# The baseline: every named test on the clean tree, once each.
+declare -A baseline
+cargo build --workspace --bins --tests >"$logs/baseline-build.log" 2>&1
+for patch in "${patches[@]}"; do
+    test_cmd="$(header "$patch" test)"
+    [ -n "$test_cmd" ] || { echo "$patch: no '# test:' line" >&2; exit 2; }
+    [ -n "${baseline[$test_cmd]:-}" ] && continue
+    baseline[$test_cmd]="$(run_test "$test_cmd" "$logs/baseline-$(basename "$patch" .patch).log")"
+    echo "baseline ${baseline[$test_cmd]}: $test_cmd" >&2
+done
+
 rows=()
 for patch in "${patches[@]}"; do
     name="$(basename "$patch" .patch)"
     test_cmd="$(header "$patch" test)"
     expect="$(header "$patch" expect)"
+    fails_with="$(header "$patch" fails-with)"
     log="$logs/$name.log"
-    [ -n "$test_cmd" ] || { echo "$patch: no '# test:' line" >&2; exit 2; }
     git apply --check "$patch"
     git apply "$patch"
     applied="$patch"
     started=$SECONDS
     echo "== $name: $(header "$patch" mutation)" >&2
     # The features of `cargo test --workspace` (with `--bins` alone they resolve others).
-    if ! cargo build --workspace --bins --tests >"$log" 2>&1; then
+    if [ "${baseline[$test_cmd]}" != passed ]; then
+        outcome="baseline ${baseline[$test_cmd]}"
+    elif ! cargo build --workspace --bins --tests >"$log" 2>&1; then
         outcome="build failed"
-    elif timeout "$test_timeout" bash -c "$test_cmd" >>"$log" 2>&1; then
-        outcome="MISSED"
     else
-        outcome="caught"
+        case "$(run_test "$test_cmd" "$log")" in
+            passed) outcome="MISSED" ;;
+            "timed out") outcome="timed out" ;;
+            *) if [ -z "$fails_with" ]; then
+                   outcome="caught (reason unchecked: no fails-with)"
+               elif grep -qF -- "$fails_with" "$log"; then
+                   outcome="caught"
+               else
+                   outcome="failed otherwise"
+               fi ;;
+        esac
     fi
     revert
     took=$((SECONDS - started))
     case "$outcome/$expect" in
-        caught/caught | MISSED/missed) verdict="as documented" ;;
+        caught*/caught | MISSED/missed) verdict="as documented" ;;
         *) verdict="NOT as documented ($expect)" ;;
     esac
     row="| $name | $(header "$patch" mutation) | \`${test_cmd#cargo test }\` | $outcome | $verdict | ${took} s |"
