@@ -43,11 +43,13 @@ async fn kv_cache_size_and_block_use_are_reported() {
         ..StackConfig::default()
     })
     .await;
-    let text = stack.metrics_text().await;
-    assert_eq!(
-        gauge(&text, "specula_kv_cache_bytes"),
-        Some((u64::from(BLOCKS) * BYTES_PER_BLOCK) as f64)
-    );
+    // The worker's ready hello (which carries the size) reaches the token-processor's books
+    // asynchronously to its health: wait for it, bounded.
+    let want = Some((u64::from(BLOCKS) * BYTES_PER_BLOCK) as f64);
+    wait_until(PATIENCE, "the KV cache's size exported", || async {
+        gauge(&stack.metrics_text().await, "specula_kv_cache_bytes") == want
+    })
+    .await;
     let health = stack.tp_health_text().await;
     let expected = format!(
         "kv_capacity_tokens={} kv_bytes={}",

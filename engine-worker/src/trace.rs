@@ -364,13 +364,12 @@ mod tests {
             );
             let header: Header = serde_json::from_str(text.lines().next().unwrap()).unwrap();
             assert_eq!(header.num_spec_tokens, 4);
-            let events = text.lines().skip(1);
-            assert!(
-                events
-                    .map(|l| serde_json::from_str::<Event>(l).unwrap())
-                    .count()
-                    > 0
-            );
+            let events: Vec<Event> = text
+                .lines()
+                .skip(1)
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert!(!events.is_empty());
         }
         // The newest steps are in PATH, in order.
         let last: Event = serde_json::from_str(files[0].lines().last().unwrap()).unwrap();

@@ -29,9 +29,24 @@ pub fn completion_body(prompt: &str, max_tokens: u32, stream: bool) -> Value {
     })
 }
 
+/// A new client identity (API key) for each request the helpers send: the tests model many
+/// users, and one client alone may hold only the batch slots less one request's share
+/// (`tests/fair_admission.rs` tests that rule with its own keys).
+fn user() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("test-user-{n}")
+}
+
 /// Non-streaming completion; returns (HTTP status, body).
 pub async fn complete(http: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let resp = http.post(url).json(body).send().await.unwrap();
+    let resp = http
+        .post(url)
+        .bearer_auth(user())
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = resp.status().as_u16();
     (status, resp.json().await.unwrap_or(Value::Null))
 }
@@ -45,7 +60,7 @@ pub async fn stream(
     mut on_chunk: impl FnMut(&Value) -> bool,
 ) -> Streamed {
     let mut out = Streamed::default();
-    let resp = match http.post(url).json(body).send().await {
+    let resp = match http.post(url).bearer_auth(user()).json(body).send().await {
         Ok(r) => r,
         Err(e) => {
             out.error = Some(json!({"transport": e.to_string()}));

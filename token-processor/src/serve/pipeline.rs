@@ -126,7 +126,7 @@ pub(super) fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHan
             // The recorder starts a series' idle clock when a render first sees its latest
             // update, so a departed worker's series would outlive the retention by however
             // long nobody scraped: a render each second starts the clocks on time.
-            if ticks % 4 == 0 {
+            if ticks.is_multiple_of(4) {
                 drop(prometheus.render());
             }
         }
