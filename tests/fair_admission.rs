@@ -17,7 +17,6 @@ use common::stack::{Stack, StackConfig};
 use common::timing::{status_bound, LOADED_MACHINE_SLACK, PATIENCE};
 use common::wait_until;
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 
 const OTHERS: usize = 8;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -76,21 +75,7 @@ async fn others_are_served(stack: &Stack) -> Duration {
 
 /// Sends the big request on a socket with a small receive buffer and never reads from it.
 async fn send_unread(stack: &Stack) -> tokio::net::TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = socket
-        .connect(format!("127.0.0.1:{}", stack.api_port).parse().unwrap())
-        .await
-        .unwrap();
-    let body = big_request().to_string();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body.as_bytes()).await.unwrap();
-    stream
+    common::openai::post_unread(stack.api_port, "/v1/completions", &big_request()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

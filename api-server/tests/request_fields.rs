@@ -483,23 +483,6 @@ async fn tokenize_refuses_text_longer_than_the_context() {
     assert_eq!(v["count"], 8000);
 }
 
-/// A schema with one field of `n` distinct 10-letter words (no shared prefixes).
-fn large_enum_schema(n: usize) -> Value {
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut letter = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (b'a' + (state % 26) as u8) as char
-    };
-    let values: Vec<String> = (0..n)
-        .map(|_| (0..10).map(|_| letter()).collect())
-        .collect();
-    json!({"type": "json_schema", "json_schema": {"name": "pick", "schema": {
-        "type": "object", "properties": {"choice": {"enum": values}},
-        "required": ["choice"], "additionalProperties": false}}})
-}
-
 /// The grammar's work per token is bounded in llguidance's own units (lexer fuel, Earley
 /// items), not time: a field of 4,000 distinct words needs more than one mask may spend at
 /// its first choice and is refused with a 400 naming the limit, whatever the load; 2,000 are
@@ -507,7 +490,7 @@ fn large_enum_schema(n: usize) -> Value {
 /// its masks costing up to 7 ms each on the worker's step loop, at every draft position.
 #[tokio::test]
 async fn a_schema_past_the_grammar_limits_is_refused_naming_the_limit() {
-    let body = |n| json!({"prompt": "Pick one:", "max_tokens": 16, "response_format": large_enum_schema(n)});
+    let body = |n| json!({"prompt": "Pick one:", "max_tokens": 16, "response_format": grammar::samples::large_enum_response_format(n)});
     let (status, v) = post("/v1/completions", body(4000)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["param"], "response_format", "{v}");

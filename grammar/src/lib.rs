@@ -17,6 +17,8 @@ use serde_json::Value;
 use toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
 use vocab::TokenBytes;
 
+pub mod samples;
+
 /// Most bytes of a schema a request may carry (its text as sent).
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 

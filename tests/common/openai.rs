@@ -118,3 +118,24 @@ pub async fn stream(
     }
     out
 }
+
+/// Posts `body` to `path` on `port` from a socket with a 4 KiB receive buffer, and reads nothing:
+/// a client that stopped reading. Returns the socket (the caller decides when, if ever, to read).
+pub async fn post_unread(port: u16, path: &str, body: &Value) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let text = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        text.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(text.as_bytes()).await.unwrap();
+    stream
+}

@@ -68,24 +68,8 @@ const CASES: &[(&str, &str, &str)] = &[
 /// An object whose one field takes one of `n` distinct words: what a request that lists, say,
 /// every product name sends, and the costliest kind of schema measured here.
 fn large_enum(n: usize) -> (String, String, String) {
-    // Distinct pseudo-random words of 10 letters: no shared prefixes to merge.
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut letter = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (b'a' + (state % 26) as u8) as char
-    };
-    let values: Vec<String> = (0..n)
-        .map(|_| (0..10).map(|_| letter()).collect())
-        .collect();
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"choice": {"enum": values}},
-        "required": ["choice"],
-        "additionalProperties": false,
-    });
-    let document = format!("{{\"choice\": \"{}\"}}", values[n / 2]);
+    let (schema, words) = grammar::samples::large_enum(n);
+    let document = format!("{{\"choice\": \"{}\"}}", words[n / 2]);
     (format!("enum of {n} words"), schema.to_string(), document)
 }
 
