@@ -109,10 +109,7 @@ impl Tokenizer {
 
     /// Encodes text as is: special tokens in the text are matched whole, nothing is added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        let encoding = self.inner.encode_fast(text, false).map_err(|e| {
-            tracing::warn!(error = %e, "tokenizer failed to encode");
-            ApiError::Internal
-        })?;
+        let encoding = self.inner.encode_fast(text, false).map_err(encode_failed)?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -120,18 +117,9 @@ impl Tokenizer {
     /// asks for it.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         match (self.bos_policy, self.bos_id) {
-            (BosPolicy::Prepend, Some(bos)) => {
-                let mut ids = self.encode(text)?;
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-                Ok(ids)
-            }
+            (BosPolicy::Prepend, Some(bos)) => Ok(with_bos(self.encode(text)?, bos)),
             (BosPolicy::PostProcessor, _) => {
-                let encoding = self.inner.encode_fast(text, true).map_err(|e| {
-                    tracing::warn!(error = %e, "tokenizer failed to encode");
-                    ApiError::Internal
-                })?;
+                let encoding = self.inner.encode_fast(text, true).map_err(encode_failed)?;
                 Ok(encoding.get_ids().to_vec())
             }
             _ => self.encode(text),
@@ -147,18 +135,14 @@ impl Tokenizer {
     /// Encodes a rendered chat prompt: the template's special tokens matched, the messages'
     /// text as text; with `add_special`, BOS first when the model asks for it.
     pub fn encode_chat(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
-        let mut ids = self.quoted.encode(&self.inner, text).map_err(|e| {
-            tracing::warn!(error = %e, "tokenizer failed to encode");
-            ApiError::Internal
-        })?;
-        if let (true, Some(bos), BosPolicy::Prepend | BosPolicy::PostProcessor) =
-            (add_special, self.bos_id, self.bos_policy)
-        {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-        Ok(ids)
+        let ids = self
+            .quoted
+            .encode(&self.inner, text)
+            .map_err(encode_failed)?;
+        Ok(match (add_special, self.bos_id, self.bos_policy) {
+            (true, Some(bos), BosPolicy::Prepend | BosPolicy::PostProcessor) => with_bos(ids, bos),
+            _ => ids,
+        })
     }
 
     /// The tokenizer as an HF `tokenizer.json` document (e.g. to export a GGUF's tokenizer).
@@ -194,6 +178,19 @@ impl Tokenizer {
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// `ids` starting with `bos` (added unless the text already began with it).
+fn with_bos(mut ids: Vec<u32>, bos: u32) -> Vec<u32> {
+    if ids.first() != Some(&bos) {
+        ids.insert(0, bos);
+    }
+    ids
+}
+
+fn encode_failed(error: tokenizers::Error) -> ApiError {
+    tracing::warn!(%error, "tokenizer failed to encode");
+    ApiError::Internal
 }
 
 impl std::fmt::Debug for Tokenizer {
